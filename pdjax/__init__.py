@@ -1,0 +1,1 @@
+"""pdjax: prefill/decode disaggregated LLM serving on JAX."""

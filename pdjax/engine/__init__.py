@@ -1,0 +1,1 @@
+"""Everything that touches devices: meshes, programs, instances, sampling and KV transfer."""

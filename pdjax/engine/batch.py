@@ -1,0 +1,101 @@
+"""Builds the padded numpy metadata arrays that the prefill and decode programs take.
+
+Host-only (numpy, no jax). Shapes are fixed per bucket so the programs never recompile:
+prefill pads the packed tokens to a token bucket and the sequences to `max_seqs`; decode pads
+the batch to a batch-size bucket. Padding tokens get an out-of-range KV slot, which the device
+scatter drops, so padding never touches a real page.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+
+import numpy as np
+
+
+def pick_bucket(buckets: tuple[int, ...], n: int) -> int:
+  """Smallest bucket >= n (buckets sorted ascending)."""
+  i = bisect.bisect_left(buckets, n)
+  if i == len(buckets):
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+  return buckets[i]
+
+
+@dataclasses.dataclass(frozen=True)
+class PageGeometry:
+  num_pages: int
+  page_size: int
+  pages_per_seq: int   # columns of a block table: max_model_len / page_size
+
+  @property
+  def pad_slot(self) -> int:
+    return self.num_pages * self.page_size   # out of range: dropped by the scatter
+
+  def slots(self, pages: list[int], start: int, stop: int) -> np.ndarray:
+    pos = np.arange(start, stop)
+    return np.asarray(pages, np.int32)[pos // self.page_size] * self.page_size + pos % self.page_size
+
+  def table(self, pages: list[int]) -> np.ndarray:
+    row = np.zeros(self.pages_per_seq, np.int32)
+    row[:len(pages)] = pages
+    return row
+
+
+def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int, step: int) -> dict:
+  """seqs: list of (prompt_ids, pages, temperature), whole prompts (no cached prefix)."""
+  if len(seqs) > max_seqs:
+    raise ValueError(f"{len(seqs)} sequences exceed max_seqs={max_seqs}")
+  tokens = np.zeros(num_tokens, np.int32)
+  positions = np.zeros(num_tokens, np.int32)
+  slot_mapping = np.full(num_tokens, geom.pad_slot, np.int32)
+  kv_lens = np.zeros(max_seqs, np.int32)
+  page_indices = np.zeros((max_seqs, geom.pages_per_seq), np.int32)
+  cu_q_lens = np.zeros(max_seqs + 1, np.int32)
+  temperatures = np.zeros(max_seqs, np.float32)
+  start = 0
+  for i, (prompt, pages, temperature) in enumerate(seqs):
+    n = len(prompt)
+    tokens[start:start + n] = prompt
+    positions[start:start + n] = np.arange(n)
+    slot_mapping[start:start + n] = geom.slots(pages, 0, n)
+    kv_lens[i] = n
+    page_indices[i] = geom.table(pages)
+    temperatures[i] = temperature
+    start += n
+    cu_q_lens[i + 1] = start
+  if start > num_tokens:
+    raise ValueError(f"{start} prompt tokens exceed the bucket of {num_tokens}")
+  cu_q_lens[len(seqs) + 1:] = start
+  return dict(tokens=tokens, positions=positions, slot_mapping=slot_mapping, kv_lens=kv_lens,
+              page_indices=page_indices, cu_q_lens=cu_q_lens,
+              num_seqs=np.array([len(seqs)], np.int32), temperatures=temperatures,
+              step=np.int32(step))
+
+
+def decode_batch(geom: PageGeometry, seqs, *, batch_size: int, step: int) -> dict:
+  """seqs: list of (last_token, position, pages, temperature); position = where it goes."""
+  if len(seqs) > batch_size:
+    raise ValueError(f"{len(seqs)} sequences exceed the batch bucket {batch_size}")
+  tokens = np.zeros(batch_size, np.int32)
+  positions = np.zeros(batch_size, np.int32)
+  slot_mapping = np.full(batch_size, geom.pad_slot, np.int32)
+  lengths = np.ones(batch_size, np.int32)
+  page_indices = np.zeros((batch_size, geom.pages_per_seq), np.int32)
+  temperatures = np.zeros(batch_size, np.float32)
+  for i, (token, pos, pages, temperature) in enumerate(seqs):
+    tokens[i] = token
+    positions[i] = pos
+    slot_mapping[i] = geom.slots(pages, pos, pos + 1)[0]
+    lengths[i] = pos + 1
+    page_indices[i] = geom.table(pages)
+    temperatures[i] = temperature
+  return dict(tokens=tokens, positions=positions, slot_mapping=slot_mapping, lengths=lengths,
+              page_indices=page_indices, temperatures=temperatures, step=np.int32(step))
+
+
+def page_id_batch(geom: PageGeometry, pages: list[int], bucket: int, *, pad_with_drop: bool):
+  """Pads a page list to a bucket: gathers repeat page 0, scatters use out-of-range ids."""
+  ids = np.full(bucket, geom.num_pages if pad_with_drop else 0, np.int32)
+  ids[:len(pages)] = pages
+  return ids

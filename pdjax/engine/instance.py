@@ -1,0 +1,152 @@
+"""One serving instance: a device sub-mesh, its sharded params, its KV page pool, its programs.
+
+The driver sees a narrow interface (JetStream-like): `prefill(seqs)` and `decode(seqs)` dispatch a
+jitted step asynchronously and return a `PendingTokens` whose `.result()` blocks for the host
+tokens; `tables` is the host-side block-table bookkeeping for this instance's pool. Every program
+is compiled ahead of time, once per bucket, in `warm_up()`; calls go straight to the compiled
+executables, so the steady state cannot recompile (a shape outside the buckets raises).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pdjax.engine import batch as batch_lib
+from pdjax.engine import mesh as mesh_lib
+from pdjax.engine import programs
+from pdjax.kv.pages import BlockTables
+from pdjax.models.llama import Llama
+from pdjax.models.llama_config import LlamaConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+  page_size: int
+  num_pages: int
+  max_model_len: int
+  prefill_buckets: tuple[int, ...]     # packed prompt tokens per prefill step
+  max_prefill_seqs: int
+  decode_buckets: tuple[int, ...]      # sequences per decode step
+  dtype: str = "float32"
+  seed: int = 0
+
+  @property
+  def pages_per_seq(self) -> int:
+    return -(-self.max_model_len // self.page_size)
+
+  @property
+  def transfer_buckets(self) -> tuple[int, ...]:
+    """Powers of two up to pages_per_seq: a transfer moves at most 2x the pages it needs."""
+    out, n = [], 1
+    while n < self.pages_per_seq:
+      out.append(n)
+      n *= 2
+    return tuple(out) + (self.pages_per_seq,)
+
+
+class PendingTokens:
+  """Tokens of a dispatched step; `result()` waits for them and returns the first `n`."""
+
+  def __init__(self, tokens, n: int):
+    self._tokens, self._n = tokens, n
+
+  def ready(self) -> bool:
+    return self._tokens.is_ready()
+
+  def result(self) -> list[int]:
+    return np.asarray(self._tokens)[:self._n].tolist()
+
+
+class Instance:
+
+  def __init__(self, spec: mesh_lib.InstanceSpec, cfg: LlamaConfig, host_params,
+               opts: EngineOptions):
+    self.name, self.role, self.cfg, self.opts = spec.name, spec.role, cfg, opts
+    self.mesh = mesh_lib.instance_mesh(spec.devices)
+    self.tp = len(spec.devices)
+    self.geom = batch_lib.PageGeometry(opts.num_pages, opts.page_size, opts.pages_per_seq)
+    self.tables = BlockTables(opts.num_pages, opts.page_size)
+    self.dtype = jnp.dtype(opts.dtype)
+    self._param_sh = mesh_lib.param_shardings(self.mesh, host_params)
+    self.params = jax.device_put(host_params, self._param_sh)
+    self.kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_pool_spec())
+    self._kv_sh = (self.kv_sharding, self.kv_sharding)
+    self._rep = mesh_lib.replicated(self.mesh)
+    pool = (cfg.num_layers, cfg.num_kv_heads, opts.num_pages, opts.page_size, cfg.head_dim)
+    self.kv = jax.jit(lambda: (jnp.zeros(pool, self.dtype), jnp.zeros(pool, self.dtype)),
+                      out_shardings=self._kv_sh)()
+    self.kv_pool_shape = pool
+    self.compiles = 0
+    self._steps = 0
+    self._prefill, self._decode, self._gather, self._scatter = {}, {}, {}, {}
+
+  # ---- compilation -------------------------------------------------------------------------
+
+  def _compile(self, fn, args, in_shardings, out_shardings, donate=()):
+    abstract = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args)
+    jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                     donate_argnums=donate)
+    self.compiles += 1
+    return jitted.lower(*abstract).compile()
+
+  def _step_program(self, fn, mode, example_batch):
+    model = Llama(self.cfg, mode=mode, dtype=self.dtype)
+    batch_sh = jax.tree_util.tree_map(lambda _: self._rep, example_batch)
+    return self._compile(functools.partial(fn, model=model, seed=self.opts.seed),
+                         (self.params, self.kv, example_batch),
+                         (self._param_sh, self._kv_sh, batch_sh), (self._rep, self._kv_sh),
+                         donate=(1,))
+
+  def warm_up(self, *, prefill: bool, decode: bool, transfer_to_tp: tuple[int, ...] = (),
+              receive: bool = False) -> None:
+    """Compiles every bucket of the programs this instance's role needs."""
+    o = self.opts
+    if prefill:
+      for n in o.prefill_buckets:
+        b = batch_lib.prefill_batch(self.geom, [], num_tokens=n, max_seqs=o.max_prefill_seqs,
+                                    step=0)
+        self._prefill[n] = self._step_program(programs.prefill, "prefill", b)
+    if decode:
+      for n in o.decode_buckets:
+        b = batch_lib.decode_batch(self.geom, [], batch_size=n, step=0)
+        self._decode[n] = self._step_program(programs.decode, "decode", b)
+    from pdjax.engine import transfer  # the transfer programs live beside their logic
+    for dst_tp in transfer_to_tp:
+      for n in o.transfer_buckets:
+        self._gather[(n, dst_tp)] = transfer.compile_gather(self, n, dst_tp)
+    if receive:
+      for n in o.transfer_buckets:
+        self._scatter[n] = transfer.compile_scatter(self, n)
+
+  # ---- steps -------------------------------------------------------------------------------
+
+  def prefill(self, seqs) -> PendingTokens:
+    """seqs: list of (prompt_ids, pages, temperature). Dispatches without waiting."""
+    n = batch_lib.pick_bucket(self.opts.prefill_buckets, sum(len(s[0]) for s in seqs))
+    b = batch_lib.prefill_batch(self.geom, seqs, num_tokens=n,
+                                max_seqs=self.opts.max_prefill_seqs, step=self._next_step())
+    tokens, self.kv = self._prefill[n](self.params, self.kv, b)
+    return PendingTokens(tokens, len(seqs))
+
+  def decode(self, seqs) -> PendingTokens:
+    """seqs: list of (last_token, position, pages, temperature). Dispatches without waiting."""
+    n = batch_lib.pick_bucket(self.opts.decode_buckets, len(seqs))
+    b = batch_lib.decode_batch(self.geom, seqs, batch_size=n, step=self._next_step())
+    tokens, self.kv = self._decode[n](self.params, self.kv, b)
+    return PendingTokens(tokens, len(seqs))
+
+  def _next_step(self) -> int:
+    self._steps += 1
+    return self._steps
+
+  # ---- accounting --------------------------------------------------------------------------
+
+  def kv_bytes_per_page(self) -> int:
+    layers, kvh, _, ps, d = self.kv_pool_shape
+    return 2 * layers * kvh * ps * d * self.dtype.itemsize

@@ -1,0 +1,69 @@
+"""Splits the local devices into named instance sub-meshes and says how arrays shard on them.
+
+Each instance is a 1-D mesh with axis "tp" (tensor parallel). Attention heads, kv heads and the
+MLP's intermediate features are split over "tp"; the page pools are split over kv heads, so an
+instance's KV lives beside the heads that read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+TP_AXIS = "tp"
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceSpec:
+  name: str            # e.g. "prefill-0"
+  role: str            # "prefill" | "decode" | "colocated"
+  devices: tuple       # jax devices, in mesh order
+
+
+def split_devices(devices, tiers: list[tuple[str, int, int]]) -> list[InstanceSpec]:
+  """Assigns consecutive devices to instances: tiers are (role, instances, tp)."""
+  needed = sum(n * tp for _, n, tp in tiers)
+  if needed > len(devices):
+    raise ValueError(f"cluster needs {needed} devices, only {len(devices)} available")
+  specs, start = [], 0
+  for role, count, tp in tiers:
+    for i in range(count):
+      specs.append(InstanceSpec(f"{role}-{i}", role, tuple(devices[start:start + tp])))
+      start += tp
+  return specs
+
+
+def instance_mesh(devices) -> Mesh:
+  return Mesh(np.array(devices), (TP_AXIS,))
+
+
+def kv_pool_spec() -> P:
+  """[layers, kv_heads, pages, page_size, head_dim]: kv heads over tp."""
+  return P(None, TP_AXIS, None, None, None)
+
+
+def _param_spec(path: str, ndim: int) -> P:
+  """Megatron-style tensor parallel layout for the Llama parameter tree (layers stacked)."""
+  if "layers" in path:
+    if any(n in path for n in ("q_proj", "k_proj", "v_proj")):
+      return P(None, None, TP_AXIS, None)        # [L, hidden, heads, D]
+    if "o_proj" in path:
+      return P(None, TP_AXIS, None, None)        # [L, heads, D, hidden]
+    if any(n in path for n in ("gate_proj", "up_proj")):
+      return P(None, None, TP_AXIS)              # [L, hidden, I]
+    if "down_proj" in path:
+      return P(None, TP_AXIS, None)              # [L, I, hidden]
+  return P(*([None] * ndim))                     # embeddings, norms, lm_head: replicated
+
+
+def param_shardings(mesh: Mesh, params):
+  def spec(path, leaf):
+    return NamedSharding(mesh, _param_spec(jax.tree_util.keystr(path), np.ndim(leaf)))
+  return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())

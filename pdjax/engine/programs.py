@@ -1,0 +1,69 @@
+"""The pure device programs: prefill, decode, and the KV page gather/scatter used by transfer.
+
+Each is a plain function of explicit state (params, KV pools, a batch of metadata arrays) that
+`Instance` jits once per bucket with its own shardings, KV donated. Batches are dicts of arrays
+built on the host by `pdjax.engine.batch`; see that module for every field's shape.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pdjax.engine.sampling import sample
+from pdjax.models.llama import Llama
+
+
+def _sample_key(seed: int, step):
+  return jax.random.fold_in(jax.random.key(seed), step)
+
+
+def prefill(params, kv, batch, *, model: Llama, seed: int):
+  """Writes the prompts' KV into the pools and samples each sequence's first token.
+
+  Returns (tokens int32 [max_seqs], kv). Rows past batch["num_seqs"] are padding.
+  """
+  meta = {k: batch[k] for k in ("positions", "slot_mapping", "kv_lens", "page_indices",
+                                 "cu_q_lens", "num_seqs")}
+  last = jnp.maximum(batch["cu_q_lens"][1:] - 1, 0)
+  logits, kv = model.apply(params, batch["tokens"], kv, meta, last)
+  return sample(logits, batch["temperatures"], _sample_key(seed, batch["step"])), kv
+
+
+def decode(params, kv, batch, *, model: Llama, seed: int):
+  """One decode step for a batch of sequences: appends one token's KV, samples the next token.
+
+  Returns (tokens int32 [batch], kv).
+  """
+  meta = {k: batch[k] for k in ("positions", "slot_mapping", "lengths", "page_indices")}
+  rows = jnp.arange(batch["tokens"].shape[0])
+  logits, kv = model.apply(params, batch["tokens"], kv, meta, rows)
+  return sample(logits, batch["temperatures"], _sample_key(seed, batch["step"])), kv
+
+
+def gather_pages(kv, page_ids):
+  """kv: (k, v) pools [L, KVH, P, ps, D]; page_ids int32 [n] -> [2, L, KVH, n, ps, D]."""
+  return jnp.stack([kv[0][:, :, page_ids], kv[1][:, :, page_ids]])
+
+
+def scatter_pages(kv, pages, page_ids):
+  """Writes pages [2, L, KVH, n, ps, D] into the pools at page_ids (out-of-range ids dropped)."""
+  k = kv[0].at[:, :, page_ids].set(pages[0], mode="drop")
+  v = kv[1].at[:, :, page_ids].set(pages[1], mode="drop")
+  return k, v
+
+
+def reference_generate(params, cfg, prompt_ids, max_new_tokens: int, eos_ids=(), dtype=jnp.float32):
+  """No-cache reference: recomputes the whole sequence for every new token (greedy)."""
+  model = Llama(cfg, mode="dense", dtype=dtype)
+  forward = jax.jit(lambda p, toks: model.apply(
+      p, toks, (), {"positions": jnp.arange(toks.shape[0])}, jnp.array([toks.shape[0] - 1]))[0])
+  ids = list(prompt_ids)
+  out = []
+  for _ in range(max_new_tokens):
+    token = int(jnp.argmax(forward(params, jnp.array(ids, jnp.int32))[0]))
+    out.append(token)
+    ids.append(token)
+    if token in eos_ids:
+      break
+  return out

@@ -1,0 +1,99 @@
+"""Moves a request's KV pages from a prefill instance's pool to a decode instance's pool.
+
+Gather the pages on the source mesh, reshard there so that each destination device's slice of
+kv heads sits whole on one source device, copy those single-device pieces device-to-device with
+`jax.device_put`, assemble them into an array on the destination mesh and scatter it into pages
+allocated there. Works when TP differs between the tiers (kv heads divide both degrees).
+
+Why not `jax.device_put(gathered, dst_sharding)` directly: when the source's shard layout differs
+from the destination's (another spec or TP degree), JAX falls back to
+`shard_sharded_device_array_slow_path`, which may materialise the array on the host
+(`x._value`). Single-device pieces always take the direct device-to-device copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from pdjax.engine import batch as batch_lib
+from pdjax.engine import programs
+
+PAGES_SPEC = P(None, None, "tp")    # [2 (k|v), layers, kv_heads, n, page_size, head_dim]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferResult:
+  bytes: int
+  seconds: float
+
+
+def _piece_plan(src_devices, dst_tp: int):
+  """Output shardings of the source-side reshard, and for each destination device j the
+  (output index, source device) holding its kv-head slice."""
+  src_tp = len(src_devices)
+  if src_tp % dst_tp and dst_tp % src_tp:
+    raise ValueError(f"cannot move KV from TP{src_tp} to TP{dst_tp}: neither divides the other")
+  if src_tp >= dst_tp:    # group r source devices per destination slice (an all-gather there)
+    r = src_tp // dst_tp
+    mesh = Mesh(np.array(src_devices).reshape(dst_tp, r), ("dst", "rep"))
+    return [NamedSharding(mesh, P(None, None, "dst"))], [(0, src_devices[j * r])
+                                                         for j in range(dst_tp)]
+  s = dst_tp // src_tp    # split each source shard into s outputs, one slice per output
+  mesh = Mesh(np.array(src_devices), ("tp",))
+  plan = [(j % s, src_devices[j // s]) for j in range(dst_tp)]
+  return [NamedSharding(mesh, PAGES_SPEC)] * s, plan
+
+
+def compile_gather(src, n: int, dst_tp: int):
+  """Source program for n pages: gather, then reshard into destination-shaped pieces."""
+  out_shardings, plan = _piece_plan(list(src.mesh.devices.flat), dst_tp)
+  s = len(out_shardings)
+
+  def gather(kv, page_ids):
+    pages = programs.gather_pages(kv, page_ids)           # [2, L, KVH, n, ps, D]
+    if s == 1:
+      return (pages,)
+    two, layers, kvh = pages.shape[:3]
+    split = pages.reshape(two, layers, src.tp, s, kvh // dst_tp, *pages.shape[3:])
+    return tuple(split[:, :, :, k].reshape(two, layers, -1, *pages.shape[3:]) for k in range(s))
+
+  ids = np.zeros(n, np.int32)
+  compiled = src._compile(gather, (src.kv, ids), (src._kv_sh, src._rep), tuple(out_shardings))
+  return compiled, plan
+
+
+def compile_scatter(dst, n: int):
+  layers, kvh, _, ps, d = dst.kv_pool_shape
+  pages = jax.ShapeDtypeStruct((2, layers, kvh, n, ps, d), dst.dtype)
+  return dst._compile(programs.scatter_pages, (dst.kv, pages, np.zeros(n, np.int32)),
+                      (dst._kv_sh, NamedSharding(dst.mesh, PAGES_SPEC), dst._rep), dst._kv_sh,
+                      donate=(0,))
+
+
+def transfer_kv(src, src_pages: list[int], dst, dst_pages: list[int]) -> TransferResult:
+  """Copies the KV in src_pages (source pool) into dst_pages (destination pool)."""
+  if len(src_pages) != len(dst_pages):
+    raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
+  start = time.perf_counter()
+  n = batch_lib.pick_bucket(src.opts.transfer_buckets, len(src_pages))
+  gather, plan = src._gather[(n, dst.tp)]
+  outs = gather(src.kv, batch_lib.page_id_batch(src.geom, src_pages, n, pad_with_drop=False))
+  pieces = []
+  for out_index, device in plan:
+    pieces.append(next(s.data for s in outs[out_index].addressable_shards if s.device == device))
+  dst_devices = list(dst.mesh.devices.flat)
+  moved = jax.device_put(pieces, dst_devices)
+  layers, kvh, _, ps, d = dst.kv_pool_shape
+  shape = (2, layers, kvh, n, ps, d)
+  pages = jax.make_array_from_single_device_arrays(
+      shape, NamedSharding(dst.mesh, PAGES_SPEC), moved)
+  pages.block_until_ready()
+  seconds = time.perf_counter() - start
+  dst.kv = dst._scatter[n](dst.kv, pages,
+                           batch_lib.page_id_batch(dst.geom, dst_pages, n, pad_with_drop=True))
+  return TransferResult(bytes=int(pages.nbytes), seconds=seconds)

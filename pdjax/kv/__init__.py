@@ -1,0 +1,1 @@
+"""Paged KV-cache bookkeeping: page allocation and per-sequence block tables."""

@@ -1,0 +1,80 @@
+"""Per-run serving metrics, defined as in DistServe and `vllm bench serve`.
+
+TTFT: arrival -> first token. TPOT: (E2E - TTFT) / (output_len - 1), only for
+output_len > 1. ITL: gaps between consecutive tokens. E2E: arrival -> last token.
+SLO attainment counts every request (rejected and failed ones are misses); goodput is
+the rate of requests that met both the TTFT and the TPOT SLO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from pdjax.request import Request, Status
+
+
+def percentiles(values: Sequence[float]) -> dict:
+  """mean/p50/p90/p99 (linear interpolation); all None for no values."""
+  if len(values) == 0:
+    return {"mean": None, "p50": None, "p90": None, "p99": None}
+  arr = np.asarray(values, dtype=np.float64)
+  p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+  return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90),
+          "p99": float(p99)}
+
+
+def meets_slo(req: Request, slo_ttft_s: float, slo_tpot_s: float) -> bool:
+  """Finished, first token within slo_ttft_s, and (if defined) TPOT within slo_tpot_s."""
+  if req.status != Status.FINISHED or req.ttft_s is None:
+    return False
+  tpot = req.tpot_s
+  return req.ttft_s <= slo_ttft_s and (tpot is None or tpot <= slo_tpot_s)
+
+
+def _transfer_stats(transfers: Sequence[dict]) -> dict:
+  ok = [t for t in transfers if t["ok"]]
+  seconds = percentiles([float(t["seconds"]) for t in ok])
+  return {
+      "count": len(ok),
+      "bytes": int(sum(int(t["bytes"]) for t in ok)),
+      "mean_s": seconds["mean"],
+      "p99_s": seconds["p99"],
+      "failures": len(transfers) - len(ok),
+  }
+
+
+def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
+              slo_ttft_s: float, slo_tpot_s: float, transfers: Sequence[dict],
+              compiles: int, kv_pages_leaked: int) -> dict:
+  """The summary.json dict for one run (key names are a contract)."""
+  if duration_s <= 0:
+    raise ValueError(f"duration_s must be > 0, got {duration_s}")
+  for r in requests:
+    if not r.status.terminal:
+      raise ValueError(f"request {r.id} is not terminal ({r.status.value})")
+  finished = [r for r in requests if r.status == Status.FINISHED]
+  num_good = sum(meets_slo(r, slo_ttft_s, slo_tpot_s) for r in requests)
+  output_tokens = sum(len(r.output_ids) for r in finished)
+  return {
+      "mode": mode,
+      "duration_s": duration_s,
+      "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
+      "requests": {
+          "total": len(requests),
+          "finished": len(finished),
+          "rejected": sum(r.status == Status.REJECTED for r in requests),
+          "failed": sum(r.status == Status.FAILED for r in requests),
+      },
+      "ttft_s": percentiles([r.ttft_s for r in finished if r.ttft_s is not None]),
+      "tpot_s": percentiles([r.tpot_s for r in finished if r.tpot_s is not None]),
+      "itl_s": percentiles([g for r in finished for g in r.itl_s]),
+      "e2e_s": percentiles([r.e2e_s for r in finished if r.e2e_s is not None]),
+      "slo_attainment": num_good / len(requests) if requests else 0.0,
+      "goodput_rps": num_good / duration_s,
+      "output_tok_s": output_tokens / duration_s,
+      "kv_transfer": _transfer_stats(transfers),
+      "compiles": compiles,
+      "kv_pages_leaked": kv_pages_leaked,
+  }

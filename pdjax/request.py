@@ -1,0 +1,119 @@
+"""Request, its sampling parameters and its timeline: the one record that moves through pdjax.
+
+Pure Python (no jax): the router, the schedulers, the metrics and the simulator all read it.
+Every timestamp is seconds on the run's clock (0 = start of the run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Status(str, enum.Enum):
+  WAITING = "waiting"          # arrived, queued for prefill
+  PREFILLING = "prefilling"    # in a prefill batch
+  TRANSFERRING = "transferring"  # prefilled, waiting for / in KV transfer to decode
+  DECODING = "decoding"        # in a decode instance's running batch
+  FINISHED = "finished"
+  REJECTED = "rejected"
+  FAILED = "failed"
+
+  @property
+  def terminal(self) -> bool:
+    return self in (Status.FINISHED, Status.REJECTED, Status.FAILED)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  temperature: float = 0.0     # 0 means greedy
+  max_new_tokens: int = 16
+  ignore_eos: bool = False
+
+
+@dataclasses.dataclass
+class Request:
+  """One generation request and everything measured about it."""
+
+  id: str
+  arrival_s: float
+  prompt_ids: list[int]
+  sampling: SamplingParams = SamplingParams()
+  eos_ids: tuple[int, ...] = ()
+
+  status: Status = Status.WAITING
+  reason: str = ""             # why it was rejected / failed
+  path: str = ""               # "colocated" | "disaggregated"
+  output_ids: list[int] = dataclasses.field(default_factory=list)
+  token_times: list[float] = dataclasses.field(default_factory=list)
+  prefill_instance: str | None = None
+  decode_instance: str | None = None
+  prefill_start_s: float | None = None
+  prefill_end_s: float | None = None
+  transfer_bytes: int = 0
+  transfer_s: float = 0.0
+  finish_s: float | None = None
+
+  @property
+  def prompt_len(self) -> int:
+    return len(self.prompt_ids)
+
+  @property
+  def max_len(self) -> int:
+    """Tokens the KV cache must hold for this request at the most."""
+    return self.prompt_len + self.sampling.max_new_tokens
+
+  @property
+  def ttft_s(self) -> float | None:
+    return self.token_times[0] - self.arrival_s if self.token_times else None
+
+  @property
+  def e2e_s(self) -> float | None:
+    return self.token_times[-1] - self.arrival_s if self.token_times else None
+
+  @property
+  def tpot_s(self) -> float | None:
+    """(E2E - TTFT) / (output_len - 1); None for fewer than two tokens."""
+    n = len(self.token_times)
+    if n < 2:
+      return None
+    return (self.token_times[-1] - self.token_times[0]) / (n - 1)
+
+  @property
+  def itl_s(self) -> list[float]:
+    t = self.token_times
+    return [b - a for a, b in zip(t, t[1:])]
+
+  def add_token(self, token: int, now_s: float) -> bool:
+    """Appends a generated token; returns True when the request is done (EOS or length)."""
+    self.output_ids.append(int(token))
+    self.token_times.append(now_s)
+    if len(self.output_ids) >= self.sampling.max_new_tokens:
+      return True
+    return (not self.sampling.ignore_eos) and int(token) in self.eos_ids
+
+  def finish(self, status: Status, now_s: float, reason: str = "") -> None:
+    assert status.terminal, status
+    assert not self.status.terminal, f"request {self.id} already {self.status.value}"
+    self.status = status
+    self.reason = reason
+    self.finish_s = now_s
+
+  def to_record(self) -> dict:
+    """The requests.jsonl line (contract: field names are relied on by checks)."""
+    return {
+        "id": self.id,
+        "status": self.status.value,
+        "reason": self.reason,
+        "prompt_len": self.prompt_len,
+        "output_ids": list(self.output_ids),
+        "arrival_s": self.arrival_s,
+        "ttft_s": self.ttft_s,
+        "tpot_s": self.tpot_s,
+        "e2e_s": self.e2e_s,
+        "path": self.path,
+        "prefill_instance": self.prefill_instance,
+        "decode_instance": self.decode_instance,
+        "transfer_bytes": self.transfer_bytes,
+        "transfer_s": self.transfer_s,
+    }

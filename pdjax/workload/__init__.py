@@ -1,0 +1,1 @@
+"""Request workloads for benchmarking the serving engine."""
