@@ -112,10 +112,12 @@ class Instance:
         b = batch_lib.prefill_batch(self.geom, [], num_tokens=n, max_seqs=o.max_prefill_seqs,
                                     step=0)
         self._prefill[n] = self._step_program(programs.prefill, "prefill", b)
+        self._run_once(self._prefill[n], b)
     if decode:
       for n in o.decode_buckets:
         b = batch_lib.decode_batch(self.geom, [], batch_size=n, step=0)
         self._decode[n] = self._step_program(programs.decode, "decode", b)
+        self._run_once(self._decode[n], b)
     from pdjax.engine import transfer  # the transfer programs live beside their logic
     for dst_tp in transfer_to_tp:
       for n in o.transfer_buckets:
@@ -123,6 +125,12 @@ class Instance:
     if receive:
       for n in o.transfer_buckets:
         self._scatter[n] = transfer.compile_scatter(self, n)
+
+  def _run_once(self, compiled, padding_batch) -> None:
+    """Executes a step on an all-padding batch (it writes no page) so that first-call costs
+    (allocations, thread pools) fall in warm-up, not in the first request's TTFT."""
+    tokens, self.kv = compiled(self.params, self.kv, padding_batch)
+    tokens.block_until_ready()
 
   # ---- steps -------------------------------------------------------------------------------
 

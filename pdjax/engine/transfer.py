@@ -79,21 +79,30 @@ def transfer_kv(src, src_pages: list[int], dst, dst_pages: list[int]) -> Transfe
   """Copies the KV in src_pages (source pool) into dst_pages (destination pool)."""
   if len(src_pages) != len(dst_pages):
     raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
-  start = time.perf_counter()
   n = batch_lib.pick_bucket(src.opts.transfer_buckets, len(src_pages))
+  return _move(src, batch_lib.page_id_batch(src.geom, src_pages, n, pad_with_drop=False),
+               dst, batch_lib.page_id_batch(dst.geom, dst_pages, n, pad_with_drop=True))
+
+
+def warm_up_transfers(src, dst) -> None:
+  """Runs every transfer bucket once with destination ids all out of range (nothing written),
+  so first-copy costs between these two sub-meshes fall in warm-up."""
+  for n in src.opts.transfer_buckets:
+    _move(src, np.zeros(n, np.int32), dst, np.full(n, dst.geom.num_pages, np.int32))
+
+
+def _move(src, src_ids: np.ndarray, dst, dst_ids: np.ndarray) -> TransferResult:
+  start = time.perf_counter()
+  n = len(src_ids)
   gather, plan = src._gather[(n, dst.tp)]
-  outs = gather(src.kv, batch_lib.page_id_batch(src.geom, src_pages, n, pad_with_drop=False))
-  pieces = []
-  for out_index, device in plan:
-    pieces.append(next(s.data for s in outs[out_index].addressable_shards if s.device == device))
-  dst_devices = list(dst.mesh.devices.flat)
-  moved = jax.device_put(pieces, dst_devices)
+  outs = gather(src.kv, src_ids)
+  pieces = [next(s.data for s in outs[i].addressable_shards if s.device == device)
+            for i, device in plan]
+  moved = jax.device_put(pieces, list(dst.mesh.devices.flat))   # device -> device, per piece
   layers, kvh, _, ps, d = dst.kv_pool_shape
-  shape = (2, layers, kvh, n, ps, d)
   pages = jax.make_array_from_single_device_arrays(
-      shape, NamedSharding(dst.mesh, PAGES_SPEC), moved)
+      (2, layers, kvh, n, ps, d), NamedSharding(dst.mesh, PAGES_SPEC), moved)
   pages.block_until_ready()
   seconds = time.perf_counter() - start
-  dst.kv = dst._scatter[n](dst.kv, pages,
-                           batch_lib.page_id_batch(dst.geom, dst_pages, n, pad_with_drop=True))
+  dst.kv = dst._scatter[n](dst.kv, pages, dst_ids)
   return TransferResult(bytes=int(pages.nbytes), seconds=seconds)

@@ -1,0 +1,113 @@
+"""Config validation: fail fast, before any compile, with one line that names the key.
+
+Configs are Python files returning a locked `ml_collections.ConfigDict` (unknown keys fail at
+override time); this module checks the values. Pure Python (no jax): the device count is passed
+in by the caller once jax is up.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pdjax.models.llama_config import PRESETS, LlamaConfig, config_from_hf
+
+MODES = ("colocated", "disaggregated", "compare")
+
+
+class ConfigError(ValueError):
+  """A bad config value; str() is the one line shown to the user."""
+
+
+def _require(ok: bool, key: str, value, why: str) -> None:
+  if not ok:
+    raise ConfigError(f"{key}={value!r} {why}")
+
+
+def model_config(cfg) -> LlamaConfig:
+  if cfg.model.checkpoint:
+    _require(os.path.isdir(cfg.model.checkpoint), "model.checkpoint", cfg.model.checkpoint,
+             "is not a directory")
+    try:
+      return config_from_hf(cfg.model.checkpoint)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+      raise ConfigError(str(e)) from None
+  _require(cfg.model.preset in PRESETS, "model.preset", cfg.model.preset,
+           f"is not one of {sorted(PRESETS)}")
+  return PRESETS[cfg.model.preset]
+
+
+def tiers(cfg) -> dict[str, list[tuple[str, int, int]]]:
+  """For each serving mode the (role, instances, tp) tiers it runs on."""
+  c = cfg.cluster
+  return {
+      "colocated": [("colocated", c.colocated.instances, c.colocated.tp)],
+      "disaggregated": [("prefill", c.prefill.instances, c.prefill.tp),
+                        ("decode", c.decode.instances, c.decode.tp)],
+  }
+
+
+def modes(cfg) -> list[str]:
+  return ["colocated", "disaggregated"] if cfg.mode == "compare" else [cfg.mode]
+
+
+def _check_buckets(key: str, buckets) -> None:
+  ok = (len(buckets) > 0 and all(isinstance(b, int) and b > 0 for b in buckets)
+        and list(buckets) == sorted(set(buckets)))
+  _require(ok, key, tuple(buckets), "must be positive integers in increasing order")
+
+
+def validate(cfg, device_count: int | None = None) -> LlamaConfig:
+  """Raises ConfigError on the first bad value; returns the model config."""
+  _require(cfg.mode in MODES, "mode", cfg.mode, f"is not one of {list(MODES)}")
+  _require(cfg.model.dtype in ("float32", "bfloat16"), "model.dtype", cfg.model.dtype,
+           "is not float32 or bfloat16")
+  mcfg = model_config(cfg)
+
+  for role in ("prefill", "decode", "colocated"):
+    tier = cfg.cluster[role]
+    _require(tier.instances >= 1, f"cluster.{role}.instances", tier.instances, "must be >= 1")
+    _require(tier.tp >= 1, f"cluster.{role}.tp", tier.tp, "must be >= 1")
+    for what, n in (("num_kv_heads", mcfg.num_kv_heads), ("num_heads", mcfg.num_heads),
+                    ("intermediate_size", mcfg.intermediate_size)):
+      _require(n % tier.tp == 0, f"cluster.{role}.tp", tier.tp,
+               f"does not divide the model's {what}={n}")
+  p, d = cfg.cluster.prefill.tp, cfg.cluster.decode.tp
+  _require(p % d == 0 or d % p == 0, "cluster.decode.tp", d,
+           f"and cluster.prefill.tp={p}: one must divide the other to move KV")
+  if device_count is not None:
+    for mode in modes(cfg):
+      need = sum(n * tp for _, n, tp in tiers(cfg)[mode])
+      key = "cluster.colocated" if mode == "colocated" else "cluster.prefill/decode"
+      _require(need <= device_count, f"{key}.instances", need,
+               f"x tp needs {need} devices, only {device_count} available")
+
+  kv = cfg.kv
+  _require(kv.page_size >= 1, "kv.page_size", kv.page_size, "must be >= 1")
+  _require(kv.max_model_len >= 1, "kv.max_model_len", kv.max_model_len, "must be >= 1")
+  _require(kv.max_model_len <= mcfg.max_position_embeddings, "kv.max_model_len",
+           kv.max_model_len, f"exceeds the model's {mcfg.max_position_embeddings} positions")
+  pages_per_seq = -(-kv.max_model_len // kv.page_size)
+  _require(kv.pages_per_instance >= pages_per_seq, "kv.pages_per_instance",
+           kv.pages_per_instance, f"cannot hold one max_model_len sequence ({pages_per_seq} pages)")
+
+  s = cfg.scheduler
+  _check_buckets("scheduler.prefill_buckets", s.prefill_buckets)
+  _check_buckets("scheduler.decode_buckets", s.decode_buckets)
+  _require(s.max_prefill_seqs >= 1, "scheduler.max_prefill_seqs", s.max_prefill_seqs,
+           "must be >= 1")
+
+  w = cfg.workload
+  _require(w.kind == "synthetic", "workload.kind", w.kind, "is not one of ['synthetic']")
+  _require(w.num_requests >= 0, "workload.num_requests", w.num_requests, "must be >= 0")
+  _require(w.rate > 0, "workload.rate", w.rate, "must be > 0 (requests per second)")
+  _require(0.0 <= w.chat_fraction <= 1.0, "workload.chat_fraction", w.chat_fraction,
+           "must be within [0, 1]")
+  for key in ("chat_prompt_len", "chat_max_new_tokens", "doc_prompt_len", "doc_max_new_tokens"):
+    lo_hi = tuple(w[key])
+    _require(len(lo_hi) == 2 and 1 <= lo_hi[0] <= lo_hi[1], f"workload.{key}", lo_hi,
+             "must be (low, high) with 1 <= low <= high")
+  _require(cfg.sampling.temperature >= 0, "sampling.temperature", cfg.sampling.temperature,
+           "must be >= 0")
+  _require(cfg.slo.ttft_s > 0, "slo.ttft_s", cfg.slo.ttft_s, "must be > 0")
+  _require(cfg.slo.tpot_s > 0, "slo.tpot_s", cfg.slo.tpot_s, "must be > 0")
+  return mcfg

@@ -1,0 +1,43 @@
+"""Serves a list of requests on one mode's instances and checks the end-of-run invariants.
+
+Shared by `pdjax.run` (experiments) and `pdjax.generate` (offline generation).
+"""
+
+from __future__ import annotations
+
+from pdjax.engine.instance import Instance
+from pdjax.engine.transfer import transfer_kv
+from pdjax.request import Request
+from pdjax.scheduler.clock import WallClock
+from pdjax.scheduler.driver import Driver, DriverOptions, RunResult, Worker
+
+
+def driver_options(opts, max_decode_batch: int) -> DriverOptions:
+  return DriverOptions(token_budget=max(opts.prefill_buckets),
+                       max_prefill_seqs=opts.max_prefill_seqs,
+                       max_decode_batch=max_decode_batch, max_model_len=opts.max_model_len,
+                       pool_pages=opts.num_pages, page_size=opts.page_size)
+
+
+def serve(mode: str, instances: list[Instance], requests: list[Request],
+          on_progress=None) -> RunResult:
+  opts = instances[0].opts
+  workers = [Worker(inst, inst.role) for inst in instances]
+  driver = Driver(mode, workers, options=driver_options(opts, max(opts.decode_buckets)),
+                  clock=WallClock(), transfer_fn=transfer_kv)
+  result = driver.run(requests, on_progress=on_progress)
+  check_end_state(result, instances)
+  return result
+
+
+def kv_pages_leaked(instances: list[Instance]) -> int:
+  return sum(inst.tables.num_used_pages for inst in instances)
+
+
+def check_end_state(result: RunResult, instances: list[Instance]) -> None:
+  """Every request terminal; every pool's free pages == total pages (reported, not hidden)."""
+  open_requests = [r.id for r in result.requests if not r.status.terminal]
+  if open_requests:
+    raise AssertionError(f"requests not terminal at the end of the run: {open_requests[:5]}")
+  for inst in instances:
+    inst.tables.check_invariants()
