@@ -16,6 +16,7 @@ def get_config(arg=None):
   c.mode = "compare"                       # colocated | disaggregated | compare
   c.seed = 0
   c.num_cpu_devices = 8                    # virtual devices when the platform is CPU
+  c.compile_cache_dir = "~/.cache/pdjax/xla"   # JAX persistent compilation cache; "" = off
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = "tiny"                  # used when model.checkpoint is empty

@@ -77,9 +77,10 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   if device_count is not None:
     for mode in modes(cfg):
       need = sum(n * tp for _, n, tp in tiers(cfg)[mode])
-      key = "cluster.colocated" if mode == "colocated" else "cluster.prefill/decode"
-      _require(need <= device_count, f"{key}.instances", need,
-               f"x tp needs {need} devices, only {device_count} available")
+      if need > device_count:
+        parts = " + ".join(f"cluster.{role}.instances={n} x tp={tp}"
+                           for role, n, tp in tiers(cfg)[mode])
+        raise ConfigError(f"{parts} needs {need} devices, only {device_count} available")
 
   kv = cfg.kv
   _require(kv.page_size >= 1, "kv.page_size", kv.page_size, "must be >= 1")

@@ -18,19 +18,16 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from pdjax import config as config_lib
+from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, use_cpu_devices
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "configs", "default.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
-                                          "Experiment config file.", lock_config=True)
+try:  # config_flags loads the file and applies --config.* overrides right here, at import
+  _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
+                                            "Experiment config file.", lock_config=True)
+except Exception as e:  # pylint: disable=broad-except
+  fail(describe_config_flag_error(e, sys.argv))
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (default results/<config>-<time>/).")
-
-
-def use_cpu_devices(n: int) -> None:
-  """Asks XLA for n virtual CPU devices; must run before jax is imported. No effect on GPU/TPU."""
-  xla_flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_force_host_platform_device_count" not in xla_flags:
-    os.environ["XLA_FLAGS"] = f"{xla_flags} --xla_force_host_platform_device_count={n}".strip()
 
 
 def default_workdir(config_path: str) -> str:
@@ -84,7 +81,11 @@ def main(argv) -> None:
   if len(argv) > 1:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)   # not jax's "no TPU found" chatter
-  cfg = _CONFIG.value
+  try:
+    cfg = _CONFIG.value
+    cfg.mode  # a config file that failed to load raises here, on first use
+  except OSError as e:
+    fail(f"config error: cannot load --config: {first_and_last_line(str(e))}")
   try:
     mcfg = config_lib.validate(cfg)
     use_cpu_devices(cfg.num_cpu_devices)
@@ -92,9 +93,10 @@ def main(argv) -> None:
     config_lib.validate(cfg, device_count=jax.device_count())
   except config_lib.ConfigError as e:
     fail(f"config error: {e}")
-  from pdjax.engine.cluster import host_params
+  from pdjax.engine.cluster import enable_compile_cache, host_params
   from pdjax.metrics.report import compare_table
 
+  enable_compile_cache(cfg.compile_cache_dir)
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   params = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed, dtype=cfg.model.dtype)
   modes = config_lib.modes(cfg)
@@ -109,17 +111,12 @@ def main(argv) -> None:
                                           for m, s in summaries.items()))
 
 
-def fail(message: str) -> None:
-  print(message, file=sys.stderr)
-  sys.exit(2)
-
-
 def _parse_flags(argv):
   """absl's parser, but a bad flag or config key is one line on stderr, not a usage dump."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    fail(f"config error: {e}")
+    fail(f"config error: {first_and_last_line(str(e))}")
 
 
 def entry_point() -> None:

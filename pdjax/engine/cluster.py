@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 
@@ -10,6 +12,16 @@ from pdjax.engine import transfer
 from pdjax.engine.instance import EngineOptions, Instance
 from pdjax.models.llama import init_params
 from pdjax.models.llama_config import LlamaConfig
+
+
+def enable_compile_cache(path: str) -> None:
+  """JAX's persistent compilation cache: identical programs (same model, bucket and TP, on any
+  devices) compile once per machine, not once per instance and run. Empty path: off."""
+  if not path:
+    return
+  jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def host_params(mcfg: LlamaConfig, *, checkpoint: str, seed: int, dtype: str):

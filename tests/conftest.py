@@ -1,0 +1,61 @@
+"""Test setup: 8 virtual CPU devices (before jax is imported) and shared tiny models."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8").strip()
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+  """One persistent compilation cache per test session: instances with the same programs on
+  other devices reuse compiles. Subprocesses get it through PDJAX_TEST_COMPILE_CACHE."""
+  from pdjax.engine.cluster import enable_compile_cache
+  path = str(tmp_path_factory.mktemp("xla_cache"))
+  os.environ["PDJAX_TEST_COMPILE_CACHE"] = path
+  enable_compile_cache(path)
+  return path
+
+
+def make_hf_llama(path, *, tie_word_embeddings=False, max_shard_size=None, seed=0):
+  """A tiny random transformers.LlamaForCausalLM saved as a local HF checkpoint."""
+  import torch
+  import transformers
+  cfg = transformers.LlamaConfig(
+      vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
+      max_position_embeddings=256, tie_word_embeddings=tie_word_embeddings,
+      bos_token_id=1, eos_token_id=2, initializer_range=0.1)
+  torch.manual_seed(seed)
+  model = transformers.LlamaForCausalLM(cfg).eval()
+  kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+  model.save_pretrained(str(path), **kwargs)
+  return model
+
+
+@pytest.fixture(scope="session")
+def hf_llama(tmp_path_factory):
+  """(checkpoint_dir, torch model) for a tiny random Llama."""
+  path = tmp_path_factory.mktemp("hf_llama")
+  return str(path), make_hf_llama(path)
+
+
+def tiny_engine_options(**overrides):
+  from pdjax.engine.instance import EngineOptions
+  kw = dict(page_size=8, num_pages=48, max_model_len=96, prefill_buckets=(32, 128),
+            max_prefill_seqs=4, decode_buckets=(4, 8), dtype="float32", seed=0)
+  kw.update(overrides)
+  return EngineOptions(**kw)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+  """(LlamaConfig, host params) of the `tiny` preset, seeded."""
+  import jax
+  import numpy as np
+  from pdjax.models.llama import init_params
+  from pdjax.models.llama_config import PRESETS
+  cfg = PRESETS["tiny"]
+  return cfg, jax.tree_util.tree_map(np.asarray, init_params(cfg, seed=0))

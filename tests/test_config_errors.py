@@ -1,0 +1,49 @@
+"""A bad config exits non-zero with exactly one line naming the key (no traceback)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pdjax import config as config_lib
+
+CASES = [
+    (["--config.workload.rate=-1"],
+     "config error: workload.rate=-1.0 must be > 0 (requests per second)"),
+    (["--config.mode=bogus"],
+     "config error: mode='bogus' is not one of ['colocated', 'disaggregated', 'compare']"),
+    (["--config.cluster.prefill.tp=3"],
+     "config error: cluster.prefill.tp=3 does not divide the model's num_kv_heads=4"),
+    (["--config.cluster.colocated.instances=5"],
+     "config error: cluster.colocated.instances=5 x tp=2 needs 10 devices, only 8 available"),
+    (["--config.mode=disaggregated", "--config.cluster.decode.instances=3"],
+     "config error: cluster.prefill.instances=2 x tp=2 + cluster.decode.instances=3 x tp=2 "
+     "needs 10 devices, only 8 available"),
+    (["--config.workload.bogus=1"],
+     "config error: unknown config key 'workload.bogus' (in --config.workload.bogus=1)"),
+    (["--config.workload.rate=abc"],
+     "config error: flag --config.workload.rate=abc: could not convert string to float: 'abc'"),
+]
+
+
+@pytest.mark.parametrize("args,message", CASES, ids=[c[0][-1] for c in CASES])
+def test_config_error_is_one_line(args, message):
+  proc = subprocess.run([sys.executable, "-m", "pdjax.run", *args, "--workdir=/nonexistent/x"],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2
+  assert proc.stderr.strip() == message
+  assert proc.stdout == ""
+
+
+def test_validate_checks_in_process():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("default_cfg", "configs/default.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = module.get_config()
+  assert config_lib.validate(cfg, device_count=8).num_kv_heads == 4
+  cfg.kv.pages_per_instance = 10
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  assert str(e.value) == ("kv.pages_per_instance=10 cannot hold one max_model_len sequence "
+                          "(32 pages)")

@@ -1,0 +1,172 @@
+"""The driver loop with fake instances and a manual clock: hand-checkable times and tokens.
+
+Fake prefill takes 0.1 s and returns 100 + prompt length; fake decode takes 0.01 s and returns
+last token + 1. Nothing here touches jax.
+"""
+
+import dataclasses
+
+import pytest
+
+from pdjax.kv.pages import BlockTables
+from pdjax.request import Request, SamplingParams, Status
+from pdjax.scheduler.clock import ManualClock
+from pdjax.scheduler.driver import Driver, DriverOptions, Worker
+
+PREFILL_S, DECODE_S = 0.1, 0.01
+
+
+class FakePending:
+  def __init__(self, clock, seconds, tokens, error=None):
+    self.clock, self.seconds, self.tokens, self.error = clock, seconds, tokens, error
+
+  def ready(self):
+    return False
+
+  def result(self):
+    self.clock.advance(self.seconds)
+    if self.error:
+      raise self.error
+    return self.tokens
+
+
+class FakeInstance:
+  def __init__(self, name, clock, num_pages=32, page_size=4, fail_prefill=False):
+    self.name, self.clock = name, clock
+    self.tables = BlockTables(num_pages, page_size)
+    self.fail_prefill = fail_prefill
+    self.calls = []
+
+  def prefill(self, seqs):
+    self.calls.append(("prefill", [len(s[0]) for s in seqs]))
+    error = RuntimeError("device lost") if self.fail_prefill else None
+    return FakePending(self.clock, PREFILL_S, [100 + len(s[0]) for s in seqs], error)
+
+  def decode(self, seqs):
+    self.calls.append(("decode", [s[1] for s in seqs]))
+    return FakePending(self.clock, DECODE_S, [s[0] + 1 for s in seqs])
+
+
+OPTS = DriverOptions(token_budget=16, max_prefill_seqs=4, max_decode_batch=4, max_model_len=24,
+                     pool_pages=32, page_size=4)
+
+
+def _req(i, prompt_len, max_new, arrival=0.0, eos=()):
+  return Request(id=f"r{i}", arrival_s=arrival, prompt_ids=[7] * prompt_len,
+                 sampling=SamplingParams(max_new_tokens=max_new), eos_ids=eos)
+
+
+def test_colocated_single_request_times_and_tokens():
+  clock = ManualClock()
+  inst = FakeInstance("colocated-0", clock)
+  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  (r,) = driver.run([_req(0, 5, 3, arrival=1.0)]).requests
+  assert r.status == Status.FINISHED and r.output_ids == [105, 106, 107]
+  assert r.token_times == pytest.approx([1.1, 1.11, 1.12])
+  assert r.ttft_s == pytest.approx(0.1) and r.tpot_s == pytest.approx(0.01)
+  assert inst.calls == [("prefill", [5]), ("decode", [5]), ("decode", [6])]
+  assert inst.tables.num_used_pages == 0
+
+
+def test_prefill_batches_under_token_budget_fcfs():
+  clock = ManualClock()
+  inst = FakeInstance("colocated-0", clock)
+  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  reqs = [_req(0, 6, 1), _req(1, 6, 1), _req(2, 6, 1), _req(3, 2, 1)]
+  driver.run(reqs)
+  # 6+6 fit in 16; the third (6) does not, and r3 is not allowed to overtake it.
+  assert inst.calls == [("prefill", [6, 6]), ("prefill", [6, 2])]
+  assert [r.output_ids for r in reqs] == [[106], [106], [106], [102]]
+
+
+def test_disaggregated_moves_pages_then_frees_prefill_side():
+  clock = ManualClock()
+  p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
+  moves = []
+
+  def transfer(src, src_pages, dst, dst_pages):
+    moves.append((src.name, list(src_pages), dst.name, list(dst_pages)))
+    clock.advance(0.005)
+    return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=4096, seconds=0.005)
+
+  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+                  clock=clock, transfer_fn=transfer)
+  (r,) = driver.run([_req(0, 9, 3)]).requests
+  # 9 prompt tokens = 3 pages on P; 12 tokens reserved on D = 3 pages, the first 3 receive KV.
+  assert moves == [("prefill-0", [0, 1, 2], "decode-0", [0, 1, 2])]
+  assert r.output_ids == [109, 110, 111]
+  assert (r.prefill_instance, r.decode_instance, r.transfer_bytes) == ("prefill-0", "decode-0",
+                                                                       4096)
+  assert r.token_times == pytest.approx([0.1, 0.115, 0.125])
+  assert driver.transfers == [{"bytes": 4096, "seconds": 0.005, "ok": True}]
+  assert p.tables.num_used_pages == 0 and d.tables.num_used_pages == 0
+
+
+def test_transfer_failure_fails_only_that_request_and_frees_pages():
+  clock = ManualClock()
+  p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
+  calls = []
+
+  def flaky(src, src_pages, dst, dst_pages):
+    calls.append(1)
+    if len(calls) == 1:
+      raise RuntimeError("link down")
+    return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
+
+  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+                  clock=clock, transfer_fn=flaky)
+  a, b = driver.run([_req(0, 4, 3), _req(1, 4, 3)]).requests
+  assert (a.status, a.reason) == (Status.FAILED, "kv transfer prefill-0->decode-0 failed: "
+                                                 "RuntimeError: link down")
+  assert b.status == Status.FINISHED and b.output_ids == [104, 105, 106]
+  assert [t["ok"] for t in driver.transfers] == [False, True]
+  assert p.tables.num_used_pages == 0 and d.tables.num_used_pages == 0
+
+
+def test_failed_step_fails_its_batch_not_the_run():
+  clock = ManualClock()
+  bad = FakeInstance("colocated-0", clock, fail_prefill=True)
+  good = FakeInstance("colocated-1", clock)
+  driver = Driver("colocated", [Worker(bad, "colocated"), Worker(good, "colocated")],
+                  options=OPTS, clock=clock)
+  a, b = driver.run([_req(0, 4, 2), _req(1, 4, 2)]).requests   # least loaded: one each
+  assert (a.status, a.reason) == (Status.FAILED, "prefill step failed on colocated-0: "
+                                                 "RuntimeError: device lost")
+  assert b.status == Status.FINISHED and b.output_ids == [104, 105]
+  assert bad.tables.num_used_pages == 0 and good.tables.num_used_pages == 0
+
+
+def test_rejections_are_terminal_with_reasons():
+  clock = ManualClock()
+  inst = FakeInstance("colocated-0", clock)
+  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  reqs = [_req(0, 0, 2), _req(1, 20, 5), _req(2, 17, 1), _req(3, 3, 2)]
+  driver.run(reqs)
+  assert [(r.status.value, r.reason) for r in reqs] == [
+      ("rejected", "empty prompt"),
+      ("rejected", "prompt_len + max_new_tokens = 25 exceeds max_model_len = 24"),
+      ("rejected", "prompt_len = 17 exceeds the prefill token budget 16"),
+      ("finished", ""),
+  ]
+
+
+def test_eos_stops_and_decode_tier_full_makes_requests_wait():
+  clock = ManualClock()
+  p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock, num_pages=6)
+  ok = lambda *a: dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
+  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+                  clock=clock, transfer_fn=ok)
+  # Each needs 20 tokens = 5 of the decode pool's 6 pages: the second waits for the first.
+  a, b = driver.run([_req(0, 4, 16, eos=(106,)), _req(1, 4, 16, eos=(106,))]).requests
+  assert a.output_ids == [104, 105, 106] and b.output_ids == [104, 105, 106]
+  assert b.token_times[1] > a.token_times[-1]
+  assert d.tables.num_used_pages == 0 and p.tables.num_used_pages == 0
+
+
+def test_least_loaded_router_spreads_requests():
+  clock = ManualClock()
+  insts = [FakeInstance(f"colocated-{i}", clock) for i in range(3)]
+  driver = Driver("colocated", [Worker(i, "colocated") for i in insts], options=OPTS,
+                  clock=clock)
+  reqs = driver.run([_req(i, 4, 1) for i in range(6)]).requests
+  assert [r.prefill_instance for r in reqs] == ["colocated-0", "colocated-1", "colocated-2"] * 2
