@@ -19,11 +19,15 @@ passed in, so tests drive this loop with fake instances and a manual clock.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 
 from pdjax.request import Request, Status
 from pdjax.scheduler import batching
 from pdjax.scheduler.router import least_loaded
+
+
+POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +107,7 @@ class Driver:
         if w.inflight is None:
           self._dispatch(w)
       inflight = [w for w in self.workers if w.inflight is not None]
-      ready = [w for w in inflight if w.inflight.pending.ready()]
-      for w in ready or inflight[:1]:   # nothing ready: wait for the oldest-listed one
+      for w in self._wait_any(inflight):
         self._collect(w)
       finished = sum(r.status.terminal for r in requests)
       if on_progress and finished != done:
@@ -120,6 +123,16 @@ class Driver:
       self._fail_stalled(requests)   # nothing in flight, nothing to come: cannot progress
     steps = {w.name: dict(w.steps) for w in self.workers}
     return RunResult(requests, self.transfers, self.clock.now(), steps)
+
+  def _wait_any(self, inflight: list[Worker]) -> list[Worker]:
+    """The in-flight workers whose step is done, polling until at least one is. Polling (not
+    blocking on one step) lets a short decode step be collected while a long prefill runs."""
+    while inflight:
+      ready = [w for w in inflight if w.inflight.pending.ready()]
+      if ready:
+        return ready
+      time.sleep(POLL_S)
+    return []
 
   def _admit(self, arrivals: deque[Request]) -> None:
     now = self.clock.now()
