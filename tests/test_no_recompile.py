@@ -36,6 +36,7 @@ def test_no_compiles_after_warm_up(tiny_model):
       assert all(r.status == Status.FINISHED for r in result.requests)
       assert [len(r.output_ids) for r in result.requests] == [1 + (7 * i) % 11
                                                               for i in range(len(lengths))]
+      assert serving.kv_pages_leaked(insts) == 0
   finally:
     monitoring.unregister_event_duration_listener(listener)
   assert events == []
