@@ -22,6 +22,7 @@ def get_config(arg=None):
   c.model.preset = "tiny"                  # used when model.checkpoint is empty
   c.model.checkpoint = ""                  # local Hugging Face folder (config.json + safetensors)
   c.model.dtype = "float32"                # float32 | bfloat16
+  c.model.attention_impl = "auto"          # auto (Pallas on TPU/GPU, XLA on CPU) | pallas | xla
 
   c.cluster = ml_collections.ConfigDict()
   c.cluster.prefill = ml_collections.ConfigDict(dict(instances=2, tp=2))

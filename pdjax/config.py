@@ -61,6 +61,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(cfg.mode in MODES, "mode", cfg.mode, f"is not one of {list(MODES)}")
   _require(cfg.model.dtype in ("float32", "bfloat16"), "model.dtype", cfg.model.dtype,
            "is not float32 or bfloat16")
+  _require(cfg.model.attention_impl in ("auto", "pallas", "xla"), "model.attention_impl",
+           cfg.model.attention_impl, "is not one of ['auto', 'pallas', 'xla']")
   mcfg = model_config(cfg)
 
   for role in ("prefill", "decode", "colocated"):

@@ -32,6 +32,8 @@ _MAX_BATCH = flags.DEFINE_integer("max_batch", 16, "Sequences per decode step.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 _CACHE = flags.DEFINE_string("compile_cache_dir", "~/.cache/pdjax/xla",
                              "JAX persistent compilation cache; empty = off.")
+_ATTENTION = flags.DEFINE_enum("attention_impl", "auto", ["auto", "pallas", "xla"],
+                               "Paged attention: auto = Pallas on TPU/GPU, XLA on CPU.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
 
@@ -88,7 +90,7 @@ def main(argv) -> None:
                        max_model_len=max_model_len,
                        prefill_buckets=_powers_of_two_up_to(max_prompt, 16),
                        max_prefill_seqs=4, decode_buckets=_powers_of_two_up_to(batch, 1),
-                       dtype=_DTYPE.value, seed=_SEED.value)
+                       dtype=_DTYPE.value, seed=_SEED.value, attention_impl=_ATTENTION.value)
   tiers = ([("colocated", 1, _TP.value)] if _MODE.value == "colocated" else
            [("prefill", 1, _PREFILL_TP.value), ("decode", 1, _DECODE_TP.value)])
   params = host_params(mcfg, checkpoint=_CHECKPOINT.value, seed=_SEED.value, dtype=_DTYPE.value)

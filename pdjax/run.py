@@ -74,7 +74,8 @@ def engine_options(cfg):
                        prefill_buckets=tuple(cfg.scheduler.prefill_buckets),
                        max_prefill_seqs=cfg.scheduler.max_prefill_seqs,
                        decode_buckets=tuple(cfg.scheduler.decode_buckets),
-                       dtype=cfg.model.dtype, seed=cfg.seed)
+                       dtype=cfg.model.dtype, seed=cfg.seed,
+                       attention_impl=cfg.model.attention_impl)
 
 
 def main(argv) -> None:

@@ -8,8 +8,12 @@ which implementation runs. Grouped-query attention: query head h reads kv head h
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
 
 
 def write_kv(k_pages, v_pages, k, v, slot_mapping):
@@ -112,3 +116,54 @@ def dense_causal_attention(q, k, v, *, sm_scale=None):
   mask = jnp.tril(jnp.ones((t, t), bool))
   out = _softmax_attend(scores, mask[:, None, None, :], v, "tkgs,skd->tkgd")
   return out.reshape(t, h, d).astype(q.dtype)
+
+
+ATTENTION_IMPLS = ("auto", "pallas", "xla")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionOps:
+  """The model's attention calls, bound to an implementation and the instance's mesh.
+
+  "xla" runs the jnp functions above (GSPMD partitions them). "pallas" runs kernels_pallas,
+  per TP shard under shard_map (a pallas_call is not auto-partitioned): each device attends
+  its own query heads over its own kv heads, which is exactly the TP layout of the pools.
+  """
+
+  impl: str = "xla"                 # "xla" | "pallas" (resolved, see resolve_impl)
+  mesh: Mesh | None = None          # the instance mesh, axis "tp"; None = unsharded
+  interpret: bool = False           # Pallas interpret mode (CPU)
+
+  def _sharded(self, fn, args, specs, out_spec):
+    if self.mesh is None:
+      return fn(*args)
+    return jax.shard_map(fn, mesh=self.mesh, in_specs=specs, out_specs=out_spec,
+                         check_vma=False)(*args)
+
+  def decode(self, q, k_pages, v_pages, lengths, page_indices):
+    if self.impl == "xla":
+      return paged_attention(q, k_pages, v_pages, lengths, page_indices)
+    import kernels_pallas
+    fn = functools.partial(kernels_pallas.paged_attention, interpret=self.interpret)
+    heads, pages = P(None, "tp", None), P("tp", None, None, None)
+    return self._sharded(fn, (q, k_pages, v_pages, lengths, page_indices),
+                         (heads, pages, pages, P(), P()), heads)
+
+  def ragged(self, q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
+    args = (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
+    if self.impl == "xla":
+      return ragged_paged_attention(*args)
+    import kernels_pallas
+    fn = functools.partial(kernels_pallas.ragged_paged_attention, interpret=self.interpret)
+    heads, pages = P(None, "tp", None), P("tp", None, None, None)
+    return self._sharded(fn, args, (heads, pages, pages, P(), P(), P(), P()), heads)
+
+
+def resolve_impl(attention_impl: str, mesh: Mesh | None = None) -> AttentionOps:
+  """"auto": Pallas on TPU/GPU, XLA on CPU. "pallas" on CPU runs in interpret mode."""
+  if attention_impl not in ATTENTION_IMPLS:
+    raise ValueError(f"model.attention_impl={attention_impl!r} is not one of "
+                     f"{list(ATTENTION_IMPLS)}")
+  on_accelerator = jax.default_backend() in ("tpu", "gpu", "cuda", "rocm")
+  impl = attention_impl if attention_impl != "auto" else ("pallas" if on_accelerator else "xla")
+  return AttentionOps(impl=impl, mesh=mesh, interpret=impl == "pallas" and not on_accelerator)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pdjax.engine import attention as attn_lib
 from pdjax.engine import batch as batch_lib
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
@@ -34,6 +35,7 @@ class EngineOptions:
   decode_buckets: tuple[int, ...]      # sequences per decode step
   dtype: str = "float32"
   seed: int = 0
+  attention_impl: str = "auto"         # "auto" | "pallas" | "xla" (model.attention_impl)
 
   @property
   def pages_per_seq(self) -> int:
@@ -96,7 +98,8 @@ class Instance:
     return jitted.lower(*abstract).compile()
 
   def _step_program(self, fn, mode, example_batch):
-    model = Llama(self.cfg, mode=mode, dtype=self.dtype)
+    model = Llama(self.cfg, mode=mode, dtype=self.dtype,
+                  attention=attn_lib.resolve_impl(self.opts.attention_impl, self.mesh))
     batch_sh = jax.tree_util.tree_map(lambda _: self._rep, example_batch)
     return self._compile(functools.partial(fn, model=model, seed=self.opts.seed),
                          (self.params, self.kv, example_batch),

@@ -49,6 +49,7 @@ class DecoderLayer(nn.Module):
   cfg: LlamaConfig
   mode: str
   dtype: jnp.dtype = jnp.float32
+  attention: attn_lib.AttentionOps = attn_lib.AttentionOps()
 
   @nn.compact
   def __call__(self, x, layer_kv, meta):
@@ -69,12 +70,10 @@ class DecoderLayer(nn.Module):
       k_pages, v_pages = attn_lib.write_kv(*layer_kv, k, v, meta["slot_mapping"])
       layer_kv = (k_pages, v_pages)
       if self.mode == "decode":
-        out = attn_lib.paged_attention(q, k_pages, v_pages, meta["lengths"],
-                                       meta["page_indices"])
+        out = self.attention.decode(q, k_pages, v_pages, meta["lengths"], meta["page_indices"])
       else:
-        out = attn_lib.ragged_paged_attention(q, k_pages, v_pages, meta["kv_lens"],
-                                              meta["page_indices"], meta["cu_q_lens"],
-                                              meta["num_seqs"])
+        out = self.attention.ragged(q, k_pages, v_pages, meta["kv_lens"], meta["page_indices"],
+                                    meta["cu_q_lens"], meta["num_seqs"])
     x = x + dense(cfg.hidden_size, "o_proj", axis=(-2, -1))(out)
 
     h = RMSNorm(cfg.rms_norm_eps, dt, name="post_attention_layernorm")(x)
@@ -90,6 +89,7 @@ class Llama(nn.Module):
   cfg: LlamaConfig
   mode: str = "prefill"
   dtype: jnp.dtype = jnp.float32
+  attention: attn_lib.AttentionOps = attn_lib.AttentionOps()   # which paged attention runs
 
   @nn.compact
   def __call__(self, tokens, kv, meta, logits_indices):
@@ -101,7 +101,7 @@ class Llama(nn.Module):
     x = embed(tokens)
     layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(0, nn.broadcast), length=cfg.num_layers)
-    x, kv = layers(cfg, self.mode, self.dtype, name="layers")(x, kv, meta)
+    x, kv = layers(cfg, self.mode, self.dtype, self.attention, name="layers")(x, kv, meta)
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
     x = x[logits_indices]
     if cfg.tie_word_embeddings:
