@@ -60,9 +60,11 @@ def decode_inputs(batch, context, dtype, seed=0):
   return q, k, v, jnp.full((batch,), context, jnp.int32), table
 
 
-def bench_decode(batch, context, dtype, interpret, ceiling_bps, with_reference=True):
+def bench_decode(batch, context, dtype, interpret, ceiling_bps, with_reference=True,
+                 variant=None):
   args = decode_inputs(batch, context, dtype)
-  ours = jax.jit(lambda *a: kernels_pallas.paged_attention(*a, interpret=interpret))
+  ours = jax.jit(lambda *a: kernels_pallas.paged_attention(*a, interpret=interpret,
+                                                           variant=variant))
   row = {"kernel": "decode", "batch": batch, "context": context, "dtype": jnp.dtype(dtype).name}
   out = ours(*args)
   kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * jnp.dtype(dtype).itemsize
@@ -100,9 +102,11 @@ def ragged_inputs(num_seqs, seq_len, dtype, seed=0):
           jnp.array([num_seqs], jnp.int32))
 
 
-def bench_ragged(num_seqs, seq_len, dtype, interpret, ceiling_flops, with_reference=True):
+def bench_ragged(num_seqs, seq_len, dtype, interpret, ceiling_flops, with_reference=True,
+                 variant=None):
   args = ragged_inputs(num_seqs, seq_len, dtype)
-  ours = jax.jit(lambda *a: kernels_pallas.ragged_paged_attention(*a, interpret=interpret))
+  ours = jax.jit(lambda *a: kernels_pallas.ragged_paged_attention(*a, interpret=interpret,
+                                                                  variant=variant))
   row = {"kernel": "ragged", "seqs": num_seqs, "seq_len": seq_len, "dtype": jnp.dtype(dtype).name}
   out = ours(*args)
   if with_reference:
@@ -123,11 +127,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--interpret", action="store_true", help="CPU: small sizes, errors only")
   parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+  parser.add_argument("--variant", default=None, choices=["tpu", "gpu"],
+                      help="kernel flavour (default: by platform; gpu-flavoured on CPU)")
   parser.add_argument("--out", default="", help="also write the rows as JSON here")
   a = parser.parse_args()
   dtype = jnp.dtype(a.dtype)
   print(f"platform={jax.default_backend()} device={jax.devices()[0].device_kind} "
-        f"jax={jax.__version__} variant={pick_variant(None, a.interpret)} dtype={a.dtype}")
+        f"jax={jax.__version__} variant={pick_variant(a.variant, a.interpret)} dtype={a.dtype}")
   rows = []
   if a.interpret:   # interpret mode is a correctness check, not a timing
     decode_sizes, ragged_sizes, ceil_bps, ceil_flops = [(1, 64), (4, 256)], [(1, 64), (3, 128)], 0, 0
@@ -138,11 +144,11 @@ def main() -> None:
     ragged_sizes = [(1, 512), (1, 8192), (4, 2048), (8, 512), (8, 8192)]
   for batch, context in decode_sizes:
     rows.append(bench_decode(batch, context, dtype, a.interpret, ceil_bps,
-                             with_reference=batch * context <= 64 * 4096))
+                             with_reference=batch * context <= 64 * 4096, variant=a.variant))
     print(json.dumps(rows[-1]))
   for seqs, seq_len in ragged_sizes:
     rows.append(bench_ragged(seqs, seq_len, dtype, a.interpret, ceil_flops,
-                             with_reference=seqs * seq_len <= 8192))
+                             with_reference=seqs * seq_len <= 8192, variant=a.variant))
     print(json.dumps(rows[-1]))
   if a.out:
     with open(a.out, "w") as f:

@@ -20,8 +20,9 @@ from kernel_cases import TOLERANCE, awkward_lengths, decode_case, ragged_case
 PAGE_SIZES, HEAD_DIMS, GQAS, DTYPES = (8, 16, 32), (64, 128), (1, 4, 8), (jnp.float32,
                                                                          jnp.bfloat16)
 PRODUCT = list(itertools.product(PAGE_SIZES, HEAD_DIMS, GQAS, DTYPES))
-# TPU interpret mode simulates DMAs and semaphores and is slow on CPU: every page size, head
-# dim, GQA ratio and dtype appears, in a diagonal subset; the full product is marked slow.
+# TPU interpret mode simulates DMAs and semaphores and is slow on CPU (~7 s a case): the default
+# run covers every page size, head dim, GQA ratio and dtype in a subset; the rest of the product
+# is marked tpu_full, deselected by default (pyproject addopts), run with `pytest -m tpu_full`.
 TPU_SUBSET = [(8, 64, 1, jnp.float32), (16, 128, 4, jnp.bfloat16), (32, 64, 8, jnp.float32),
               (8, 128, 8, jnp.bfloat16), (16, 64, 1, jnp.float32), (32, 128, 4, jnp.float32)]
 
