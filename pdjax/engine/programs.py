@@ -53,15 +53,22 @@ def scatter_pages(kv, pages, page_ids):
   return k, v
 
 
-def reference_generate(params, cfg, prompt_ids, max_new_tokens: int, eos_ids=(), dtype=jnp.float32):
-  """No-cache reference: recomputes the whole sequence for every new token (greedy)."""
+def reference_generate(params, cfg, prompt_ids, max_new_tokens: int, eos_ids=(), dtype=jnp.float32,
+                       bucket: int = 64):
+  """No-cache reference: recomputes the whole sequence for every new token (greedy).
+
+  The sequence is zero-padded to a multiple of `bucket` so a few shapes compile; causal
+  attention keeps padding after the last real token from changing its logits.
+  """
   model = Llama(cfg, mode="dense", dtype=dtype)
-  forward = jax.jit(lambda p, toks: model.apply(
-      p, toks, (), {"positions": jnp.arange(toks.shape[0])}, jnp.array([toks.shape[0] - 1]))[0])
+  forward = jax.jit(lambda p, toks, last: model.apply(
+      p, toks, (), {"positions": jnp.arange(toks.shape[0])}, last[None])[0])
   ids = list(prompt_ids)
   out = []
   for _ in range(max_new_tokens):
-    token = int(jnp.argmax(forward(params, jnp.array(ids, jnp.int32))[0]))
+    padded = ids + [0] * (-len(ids) % bucket)
+    logits = forward(params, jnp.array(padded, jnp.int32), jnp.int32(len(ids) - 1))
+    token = int(jnp.argmax(logits[0]))
     out.append(token)
     ids.append(token)
     if token in eos_ids:
