@@ -40,6 +40,9 @@ class Request:
   prompt_ids: list[int]
   sampling: SamplingParams = SamplingParams()
   eos_ids: tuple[int, ...] = ()
+  tenant: str = ""
+  session: str = ""            # multi-turn conversation id (session-sticky routing)
+  priority: int = 0
 
   status: Status = Status.WAITING
   reason: str = ""             # why it was rejected / failed
@@ -52,6 +55,10 @@ class Request:
   prefill_end_s: float | None = None
   transfer_bytes: int = 0
   transfer_s: float = 0.0
+  transfer_start_s: float | None = None
+  transfer_end_s: float | None = None
+  decode_start_s: float | None = None   # joined a decode batch (after transfer if any)
+  preemptions: int = 0                  # times its KV was dropped and recomputed
   finish_s: float | None = None
 
   @property
@@ -116,4 +123,13 @@ class Request:
         "decode_instance": self.decode_instance,
         "transfer_bytes": self.transfer_bytes,
         "transfer_s": self.transfer_s,
+        "tenant": self.tenant,
+        "session": self.session,
+        "prefill_start_s": self.prefill_start_s,
+        "prefill_end_s": self.prefill_end_s,
+        "transfer_start_s": self.transfer_start_s,
+        "transfer_end_s": self.transfer_end_s,
+        "decode_start_s": self.decode_start_s,
+        "finish_s": self.finish_s,
+        "preemptions": self.preemptions,
     }
