@@ -59,6 +59,7 @@ class Request:
   transfer_end_s: float | None = None
   decode_start_s: float | None = None   # joined a decode batch (after transfer if any)
   preemptions: int = 0                  # times its KV was dropped and recomputed
+  num_computed_tokens: int = 0          # of prefill_tokens, already in the KV cache
   finish_s: float | None = None
 
   @property
@@ -69,6 +70,16 @@ class Request:
   def max_len(self) -> int:
     """Tokens the KV cache must hold for this request at the most."""
     return self.prompt_len + self.sampling.max_new_tokens
+
+  @property
+  def prefill_len(self) -> int:
+    """Tokens a (re)prefill must put in the cache: the prompt, plus all generated tokens but the
+    last after a preemption (the last one is the next decode step's input)."""
+    return self.prompt_len + max(len(self.output_ids) - 1, 0)
+
+  @property
+  def prefill_tokens(self) -> list[int]:
+    return (list(self.prompt_ids) + self.output_ids)[:self.prefill_len]
 
   @property
   def ttft_s(self) -> float | None:

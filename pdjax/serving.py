@@ -9,7 +9,8 @@ from pdjax.engine.instance import Instance
 from pdjax.engine.transfer import transfer_kv
 from pdjax.request import Request
 from pdjax.scheduler.clock import WallClock
-from pdjax.scheduler.driver import Driver, DriverOptions, RunResult, Worker
+from pdjax.scheduler.driver import Driver, DriverOptions, RunResult
+from pdjax.scheduler.worker import Worker
 
 
 def driver_options(opts, max_decode_batch: int) -> DriverOptions:
@@ -20,11 +21,14 @@ def driver_options(opts, max_decode_batch: int) -> DriverOptions:
 
 
 def serve(mode: str, instances: list[Instance], requests: list[Request],
-          on_progress=None) -> RunResult:
+          on_progress=None, policies=None) -> RunResult:
+  """policies: a `pdjax.scheduler.policies.Policies` (default: least_loaded routers,
+  always_disagg, no admission control, prefill_first, no role switching)."""
   opts = instances[0].opts
-  workers = [Worker(inst, inst.role) for inst in instances]
-  driver = Driver(mode, workers, options=driver_options(opts, max(opts.decode_buckets)),
-                  clock=WallClock(), transfer_fn=transfer_kv)
+  max_batch = max(opts.decode_buckets)
+  workers = [Worker(inst, inst.role, max_batch) for inst in instances]
+  driver = Driver(mode, workers, options=driver_options(opts, max_batch), clock=WallClock(),
+                  transfer_fn=transfer_kv, policies=policies)
   result = driver.run(requests, on_progress=on_progress)
   check_end_state(result, instances)
   return result

@@ -11,7 +11,8 @@ import pytest
 from pdjax.kv.pages import BlockTables
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.scheduler.clock import ManualClock
-from pdjax.scheduler.driver import Driver, DriverOptions, Worker
+from pdjax.scheduler.driver import Driver, DriverOptions
+from pdjax.scheduler.worker import Worker as _Worker
 
 PREFILL_S, DECODE_S = 0.1, 0.01
 
@@ -45,6 +46,10 @@ class FakeInstance:
   def decode(self, seqs):
     self.calls.append(("decode", [s[1] for s in seqs]))
     return FakePending(self.clock, DECODE_S, [s[0] + 1 for s in seqs])
+
+
+def Worker(instance, role, max_batch=4):
+  return _Worker(instance, role, max_batch)
 
 
 OPTS = DriverOptions(token_budget=16, max_prefill_seqs=4, max_decode_batch=4, max_model_len=24,
@@ -150,17 +155,30 @@ def test_rejections_are_terminal_with_reasons():
   ]
 
 
-def test_eos_stops_and_decode_tier_full_makes_requests_wait():
+def test_eos_stops_generation():
   clock = ManualClock()
-  p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock, num_pages=6)
+  inst = FakeInstance("colocated-0", clock)
+  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  (r,) = driver.run([_req(0, 4, 16, eos=(106,))]).requests
+  assert r.output_ids == [104, 105, 106] and r.status == Status.FINISHED
+
+
+def test_kv_pressure_preempts_newest_and_recomputes_it():
+  clock = ManualClock()
+  p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock, num_pages=4)
   ok = lambda *a: dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
   driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
                   clock=clock, transfer_fn=ok)
-  # Each needs 20 tokens = 5 of the decode pool's 6 pages: the second waits for the first.
-  a, b = driver.run([_req(0, 4, 16, eos=(106,)), _req(1, 4, 16, eos=(106,))]).requests
-  assert a.output_ids == [104, 105, 106] and b.output_ids == [104, 105, 106]
-  assert b.token_times[1] > a.token_times[-1]
-  assert d.tables.num_used_pages == 0 and p.tables.num_used_pages == 0
+  # Decode pool: 4 pages x 4 tokens. Both requests arrive with 2 pages (prompt 4 + first
+  # slot); at position 8 the first needs a third page, so the newest (r1) is preempted, waits,
+  # and is recomputed on the decode instance (prompt + its tokens but the last) once r0 ends.
+  a, b = driver.run([_req(0, 4, 8), _req(1, 4, 8)]).requests
+  assert a.output_ids == b.output_ids == list(range(104, 112))
+  assert (a.preemptions, b.preemptions, driver.preemptions) == (0, 1, 1)
+  recompute = [c for c in d.calls if c[0] == "prefill"]
+  assert recompute == [("prefill", [4 + 4])]   # r1 had 5 tokens when preempted at position 8
+  assert b.finish_s > a.finish_s
+  assert p.tables.num_used_pages == 0 and d.tables.num_used_pages == 0
 
 
 def test_least_loaded_router_spreads_requests():

@@ -43,9 +43,15 @@ class PageGeometry:
 
 
 def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int, step: int) -> dict:
-  """seqs: list of (prompt_ids, pages, temperature), whole prompts (no cached prefix)."""
+  """seqs: list of (token_ids, start, pages, temperature): token_ids go at positions
+  start.. of that sequence, whose first `start` tokens are already in the cache (a chunk after
+  a cached prefix; a decode row is a one-token chunk). The program samples after each
+  sequence's last token."""
   if len(seqs) > max_seqs:
     raise ValueError(f"{len(seqs)} sequences exceed max_seqs={max_seqs}")
+  total = sum(len(s[0]) for s in seqs)
+  if total > num_tokens:
+    raise ValueError(f"{total} tokens exceed the bucket of {num_tokens}")
   tokens = np.zeros(num_tokens, np.int32)
   positions = np.zeros(num_tokens, np.int32)
   slot_mapping = np.full(num_tokens, geom.pad_slot, np.int32)
@@ -53,20 +59,18 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int, s
   page_indices = np.zeros((max_seqs, geom.pages_per_seq), np.int32)
   cu_q_lens = np.zeros(max_seqs + 1, np.int32)
   temperatures = np.zeros(max_seqs, np.float32)
-  start = 0
-  for i, (prompt, pages, temperature) in enumerate(seqs):
-    n = len(prompt)
-    tokens[start:start + n] = prompt
-    positions[start:start + n] = np.arange(n)
-    slot_mapping[start:start + n] = geom.slots(pages, 0, n)
-    kv_lens[i] = n
+  at = 0
+  for i, (ids, start, pages, temperature) in enumerate(seqs):
+    n = len(ids)
+    tokens[at:at + n] = ids
+    positions[at:at + n] = np.arange(start, start + n)
+    slot_mapping[at:at + n] = geom.slots(pages, start, start + n)
+    kv_lens[i] = start + n
     page_indices[i] = geom.table(pages)
     temperatures[i] = temperature
-    start += n
-    cu_q_lens[i + 1] = start
-  if start > num_tokens:
-    raise ValueError(f"{start} prompt tokens exceed the bucket of {num_tokens}")
-  cu_q_lens[len(seqs) + 1:] = start
+    at += n
+    cu_q_lens[i + 1] = at
+  cu_q_lens[len(seqs) + 1:] = at
   return dict(tokens=tokens, positions=positions, slot_mapping=slot_mapping, kv_lens=kv_lens,
               page_indices=page_indices, cu_q_lens=cu_q_lens,
               num_seqs=np.array([len(seqs)], np.int32), temperatures=temperatures,

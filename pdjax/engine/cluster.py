@@ -35,19 +35,29 @@ def host_params(mcfg: LlamaConfig, *, checkpoint: str, seed: int, dtype: str):
 
 
 def build_instances(tiers: list[tuple[str, int, int]], mcfg: LlamaConfig, params,
-                    opts: EngineOptions, devices=None) -> list[Instance]:
-  """One Instance per (role, index), each warmed up with the programs its role runs."""
+                    opts: EngineOptions, devices=None, *, roles_may_change: bool = False
+                    ) -> list[Instance]:
+  """One Instance per (role, index), warmed up with every program it may run.
+
+  Every instance gets both step programs (a decode instance prefills to recompute a preempted
+  sequence or to serve a short prompt locally; a prefill instance decodes colocated-path
+  requests). KV transfer programs go where KV can leave (prefill) and arrive (decode), or
+  everywhere when roles may change at run time. Compiles are shared through the persistent
+  cache across instances of equal TP, so this costs little beyond the distinct programs.
+  """
   specs = mesh_lib.split_devices(devices or jax.devices(), tiers)
-  decode_tps = tuple(sorted({tp for role, _, tp in tiers if role == "decode"}))
+  tps = {role: tuple(sorted({tp for r, _, tp in tiers if r == role or roles_may_change}))
+         for role in ("prefill", "decode")}
   instances = []
   for spec in specs:
     inst = Instance(spec, mcfg, params, opts)
-    inst.warm_up(prefill=spec.role in ("prefill", "colocated"),
-                 decode=spec.role in ("decode", "colocated"),
-                 transfer_to_tp=decode_tps if spec.role == "prefill" else (),
-                 receive=spec.role == "decode")
+    sends = spec.role == "prefill" or (roles_may_change and spec.role == "decode")
+    receives = spec.role == "decode" or (roles_may_change and spec.role == "prefill")
+    inst.warm_up(prefill=True, decode=True,
+                 transfer_to_tp=tps["decode"] if sends else (), receive=receives)
     instances.append(inst)
-  for src in (i for i in instances if i.role == "prefill"):
-    for dst in (i for i in instances if i.role == "decode"):
-      transfer.warm_up_transfers(src, dst)
+  for src in instances:
+    for dst in instances:
+      if src is not dst and src._gather and dst._scatter:
+        transfer.warm_up_transfers(src, dst)
   return instances

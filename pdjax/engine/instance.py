@@ -138,7 +138,9 @@ class Instance:
   # ---- steps -------------------------------------------------------------------------------
 
   def prefill(self, seqs) -> PendingTokens:
-    """seqs: list of (prompt_ids, pages, temperature). Dispatches without waiting."""
+    """The ragged step: seqs is a list of (token_ids, start, pages, temperature) — whole
+    prompts, prompt chunks after a cached prefix, or one-token decode rows (mixed batches).
+    Dispatches without waiting; the result holds each sequence's next token."""
     n = batch_lib.pick_bucket(self.opts.prefill_buckets, sum(len(s[0]) for s in seqs))
     b = batch_lib.prefill_batch(self.geom, seqs, num_tokens=n,
                                 max_seqs=self.opts.max_prefill_seqs, step=self._next_step())

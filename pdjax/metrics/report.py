@@ -1,6 +1,6 @@
 """Run artifacts (config.json, requests.jsonl, summary.json, report.md) and a
-plain-text side-by-side comparison of several runs' summaries (e.g. colocated vs
-disaggregated)."""
+side-by-side comparison of several runs' summaries (e.g. colocated, chunked,
+disaggregated) as plain text or as a markdown report with the net-benefit table."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 
+from pdjax.metrics.report_sections import benefit_section, extra_sections, md_table
 from pdjax.request import Request
 
 _MIB = 1024 * 1024
@@ -21,7 +22,10 @@ def _fmt(value, spec: str) -> str:
   return "-" if value is None else format(value, spec)
 
 
-def _report_md(summary: dict) -> str:
+EXTRA_KEYS = ("tiers", "rejects_by_reason", "preemptions", "role_switches")
+
+
+def _report_md(summary: dict, extras: dict | None = None) -> str:
   req, kv = summary["requests"], summary["kv_transfer"]
   slo = summary.get("slo", {})
   lines = [
@@ -51,12 +55,21 @@ def _report_md(summary: dict) -> str:
       f"- Leaked KV pages: {summary['kv_pages_leaked']}",
       "",
   ]
+  sections = {k: summary[k] for k in EXTRA_KEYS if k in summary}
+  sections.update(extras or {})
+  lines += extra_sections(sections)
   return "\n".join(lines)
 
 
 def write_run_files(workdir: str, *, config_dict: dict,
-                    requests: Sequence[Request], summary: dict) -> None:
-  """Writes config.json, requests.jsonl, summary.json and report.md into workdir."""
+                    requests: Sequence[Request], summary: dict,
+                    extras: dict | None = None) -> None:
+  """Writes config.json, requests.jsonl, summary.json and report.md into workdir.
+
+  report.md gains sections for whichever of EXTRA_KEYS (tiers, rejects_by_reason,
+  preemptions, role_switches; see pdjax.metrics.summary.summarize_extras) the summary or
+  extras holds (extras wins). extras only shapes report.md, never summary.json.
+  """
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(config_dict, f, indent=2, sort_keys=True)
@@ -66,7 +79,7 @@ def write_run_files(workdir: str, *, config_dict: dict,
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   with open(os.path.join(workdir, "report.md"), "w") as f:
-    f.write(_report_md(summary))
+    f.write(_report_md(summary, extras))
 
 
 _ROWS: list[tuple[str, Callable[[dict], str]]] = [
@@ -92,10 +105,26 @@ _ROWS: list[tuple[str, Callable[[dict], str]]] = [
 ]
 
 
+# Added to the comparison once any summary holds "preemptions" (summarize_extras).
+_EXTRA_ROWS: list[tuple[str, Callable[[dict], str]]] = [
+    ("preemptions", lambda s: _fmt(s.get("preemptions"), "d")),
+    ("rejected", lambda s: _fmt(s.get("requests", {}).get("rejected"), "d")),
+]
+
+
+def _compare_rows(summaries: dict[str, dict]) -> list[list[str]]:
+  specs = list(_ROWS)
+  if any("preemptions" in s for s in summaries.values()):
+    specs += _EXTRA_ROWS
+  return [[label, *(cell(s) for s in summaries.values())] for label, cell in specs]
+
+
 def compare_table(summaries: dict[str, dict]) -> str:
-  """One column per mode (dict order), one row per headline metric; '-' for None."""
+  """One column per mode (dict order, any number of modes), one row per headline metric;
+  '-' for None. Rows "preemptions" and "rejected" follow when any summary holds a
+  "preemptions" key ('-' in the columns of summaries without it)."""
   header = ["metric", *summaries]
-  rows = [[label, *(cell(s) for s in summaries.values())] for label, cell in _ROWS]
+  rows = _compare_rows(summaries)
   widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
 
   def line(row: list[str]) -> str:
@@ -105,3 +134,25 @@ def compare_table(summaries: dict[str, dict]) -> str:
 
   sep = "  ".join("-" * w for w in widths)
   return "\n".join([line(header), sep, *(line(r) for r in rows)]) + "\n"
+
+
+def write_compare_report(path: str, summaries: dict[str, dict],
+                         benefit_rows: list[dict] | None = None, *,
+                         title: str = "pdjax comparison") -> None:
+  """Writes a markdown comparison: the compare table (one column per mode) and, when
+  benefit_rows is given (pdjax.metrics.benefit.net_benefit), the net-benefit table."""
+  lines = [f"# {title}", ""]
+  modes = list(summaries)
+  lines += md_table(["metric", *modes], _compare_rows(summaries)) + [""]
+  slos = {m: s.get("slo") for m, s in summaries.items() if s.get("slo")}
+  for mode, slo in slos.items():
+    lines.append(f"- {mode}: SLO TTFT <= {_ms(slo.get('ttft_s'))} ms, TPOT <= "
+                 f"{_ms(slo.get('tpot_s'))} ms, duration "
+                 f"{_fmt(summaries[mode].get('duration_s'), '.2f')} s")
+  if slos:
+    lines.append("")
+  if benefit_rows is not None:
+    lines += benefit_section(benefit_rows)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    f.write("\n".join(lines))

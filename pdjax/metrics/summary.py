@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pdjax.metrics.timeline import preemption_count, rejects_by_reason, tier_stats
 from pdjax.request import Request, Status
 
 
@@ -77,4 +78,19 @@ def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
       "kv_transfer": _transfer_stats(transfers),
       "compiles": compiles,
       "kv_pages_leaked": kv_pages_leaked,
+  }
+
+
+def summarize_extras(requests: Sequence[Request], *, duration_s: float,
+                     steps: Sequence[dict] = (), samples: Sequence[dict] = (),
+                     role_switches: Sequence[dict] = ()) -> dict:
+  """Optional sections beyond summarize()'s contract, to merge into the summary
+  (summary.update(...)) or pass as write_run_files(extras=...): "preemptions" (int),
+  "rejects_by_reason" ({reason: count}), "tiers" (timeline.tier_stats) and
+  "role_switches" (the list as given)."""
+  return {
+      "preemptions": preemption_count(requests),
+      "rejects_by_reason": rejects_by_reason(requests),
+      "tiers": tier_stats(steps, samples, duration_s),
+      "role_switches": [dict(sw) for sw in role_switches],
   }

@@ -1,19 +1,21 @@
 """The event loop that serves a workload on a set of instances, on the run's clock.
 
-    arrivals ─► admission (reject what can never fit) ─► router (least loaded)
-                   │
+    arrivals ─► static checks (reject what can never fit) ─► path policy ─► router ─► admission
+                   │                                                    (accept / reject+reason)
                    ▼
-    prefill queue of instance P_i ─► prefill step on P_i ─► first token
+    waiting queue of a worker ─► step policy (prefill_first | chunked_prefill) ─► engine step
                                                              │
-              colocated: the request stays on P_i and decodes there (prefill has priority)
-              disaggregated: transfer queue ─► KV transfer P_i → D_j ─► decode batch of D_j
+              colocated path: the request decodes on the worker that prefilled it
+              disaggregated path: transfer queue ─► decode router ─► KV transfer P → D
                                                              │
-    decode batch of D_j ─► one decode step per loop turn (continuous batching) ─► EOS / length
+    running batch of a worker ─► decode rows of the next step ─► EOS / max_new_tokens
+    KV pressure ─► preempt the newest running request (free its pages, recompute it later)
+    role-switch policy ─► drain a worker, then move it between the prefill and decode tiers
 
-Each instance has at most one step in flight. A loop turn dispatches a step on every idle
-instance (JAX dispatch is asynchronous, so steps on different sub-meshes run at once), then
-collects whichever steps are ready, blocking only when none is. Host logic only: instances are
-passed in, so tests drive this loop with fake instances and a manual clock.
+Each worker has at most one step in flight. A loop turn dispatches a step on every idle worker
+(JAX dispatch is asynchronous, so steps on different sub-meshes run at once), then collects
+whichever steps are done, polling, so a short decode step is not held behind a long prefill.
+Host logic only: instances are passed in; tests drive this loop with fake instances.
 """
 
 from __future__ import annotations
@@ -22,51 +24,25 @@ import dataclasses
 import time
 from collections import deque
 
+from pdjax.kv.pages import OutOfPages
 from pdjax.request import Request, Status
 from pdjax.scheduler import batching
-from pdjax.scheduler.router import least_loaded
-
+from pdjax.scheduler import policies as policy_lib
+from pdjax.scheduler.policies.base import PathChoice, StepPlan
+from pdjax.scheduler.worker import Step, Worker
 
 POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
+COLOCATED = PathChoice("colocated", "colocated")
 
 
 @dataclasses.dataclass(frozen=True)
 class DriverOptions:
-  token_budget: int          # prompt tokens per prefill step
+  token_budget: int          # prompt tokens per prefill step (prefill_first's limit)
   max_prefill_seqs: int      # sequences per prefill step
-  max_decode_batch: int      # running sequences per decode instance
+  max_decode_batch: int      # running sequences per instance
   max_model_len: int         # prompt + generated tokens per sequence
   pool_pages: int            # pages in each instance's pool
   page_size: int
-
-
-@dataclasses.dataclass
-class Step:
-  kind: str                  # "prefill" | "decode"
-  requests: list[Request]
-  pending: object            # has ready() and result() -> list[int]
-
-
-class Worker:
-  """The driver's view of one instance: its queue, its running batch, its step in flight."""
-
-  def __init__(self, instance, role: str):
-    self.instance, self.role = instance, role
-    self.waiting: deque[Request] = deque()
-    self.running: list[Request] = []
-    self.inflight: Step | None = None
-    self.steps = {"prefill": 0, "decode": 0}
-
-  @property
-  def name(self) -> str:
-    return self.instance.name
-
-  @property
-  def tables(self):
-    return self.instance.tables
-
-  def queued_tokens(self) -> int:
-    return sum(r.prompt_len for r in self.waiting)
 
 
 @dataclasses.dataclass
@@ -74,26 +50,50 @@ class RunResult:
   requests: list[Request]
   transfers: list[dict]
   duration_s: float
-  steps: dict[str, dict[str, int]]
+  steps: list[dict]          # one per executed step (see Driver._collect)
+  samples: list[dict]        # worker state at each dispatch
+  role_switches: list[dict]
+  preemptions: int
+
+  def step_counts(self) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for s in self.steps:
+      per = counts.setdefault(s["instance"], {})
+      per[s["kind"]] = per.get(s["kind"], 0) + 1
+    return counts
+
+
+def default_policies(options: DriverOptions) -> policy_lib.Policies:
+  names = dict(prefill_router="least_loaded", decode_router="least_loaded",
+               path="always_disagg", admission="none", colocated_policy="prefill_first",
+               role_switch="none")
+  return policy_lib.build(names, dict(token_budget=options.token_budget,
+                                      max_prefill_seqs=options.max_prefill_seqs))
 
 
 class Driver:
 
   def __init__(self, mode: str, workers: list[Worker], *, options: DriverOptions, clock,
-               transfer_fn=None):
+               transfer_fn=None, policies: policy_lib.Policies | None = None):
     if mode not in ("colocated", "disaggregated"):
       raise ValueError(f"mode must be colocated or disaggregated, got {mode!r}")
     self.mode, self.workers, self.opts, self.clock = mode, workers, options, clock
     self.transfer_fn = transfer_fn
-    entry_role = "colocated" if mode == "colocated" else "prefill"
-    self.entry = [w for w in workers if w.role == entry_role]
-    self.decoders = [w for w in workers if w.role == "decode"]
-    if not self.entry or (mode == "disaggregated" and (not self.decoders or not transfer_fn)):
-      raise ValueError(f"{mode} needs {entry_role} instances"
-                       + (", decode instances and a transfer function"
-                          if mode == "disaggregated" else ""))
+    self.policies = policies or default_policies(options)
+    roles = {w.role for w in workers}
+    needed = {"colocated"} if mode == "colocated" else {"prefill", "decode"}
+    if not needed <= roles or (mode == "disaggregated" and not transfer_fn):
+      raise ValueError(f"{mode} needs {' and '.join(sorted(needed))} instances"
+                       + (" and a transfer function" if mode == "disaggregated" else ""))
     self.transfer_queue: deque[tuple[Request, Worker]] = deque()
     self.transfers: list[dict] = []
+    self.steps: list[dict] = []
+    self.samples: list[dict] = []
+    self.role_switches: list[dict] = []
+    self.preemptions = 0
+
+  def tier(self, role: str) -> list[Worker]:
+    return [w for w in self.workers if w.role == role and w.draining_to is None]
 
   # ---- the loop ----------------------------------------------------------------------------
 
@@ -102,6 +102,7 @@ class Driver:
     done = 0
     while True:
       self._admit(arrivals)
+      self._switch_roles()
       self._start_transfers()
       for w in self.workers:
         if w.inflight is None:
@@ -121,12 +122,11 @@ class Driver:
       if done == len(requests):
         break
       self._fail_stalled(requests)   # nothing in flight, nothing to come: cannot progress
-    steps = {w.name: dict(w.steps) for w in self.workers}
-    return RunResult(requests, self.transfers, self.clock.now(), steps)
+    return RunResult(requests, self.transfers, self.clock.now(), self.steps, self.samples,
+                     self.role_switches, self.preemptions)
 
   def _wait_any(self, inflight: list[Worker]) -> list[Worker]:
-    """The in-flight workers whose step is done, polling until at least one is. Polling (not
-    blocking on one step) lets a short decode step be collected while a long prefill runs."""
+    """The in-flight workers whose step is done, polling until at least one is."""
     while inflight:
       ready = [w for w in inflight if w.inflight.pending.ready()]
       if ready:
@@ -136,119 +136,196 @@ class Driver:
 
   def _admit(self, arrivals: deque[Request]) -> None:
     now = self.clock.now()
-    o = self.opts
+    o, p = self.opts, self.policies
     while arrivals and arrivals[0].arrival_s <= now:
       req = arrivals.popleft()
-      reason = batching.rejection_reason(req, max_model_len=o.max_model_len,
-                                         token_budget=o.token_budget, pool_pages=o.pool_pages,
-                                         page_size=o.page_size)
+      reason = batching.rejection_reason(
+          req, max_model_len=o.max_model_len, pool_pages=o.pool_pages, page_size=o.page_size,
+          token_budget=getattr(p.step, "max_prompt_tokens", o.token_budget))
+      if not reason:
+        choice = (COLOCATED if self.mode == "colocated" else
+                  p.path.choose(req, self.tier("prefill"), self.tier("decode")))
+        router = p.decode_router if choice.tier == "decode" else p.prefill_router
+        worker = router.choose(req, self.tier(choice.tier))
+        reason = ("no instance in the " + choice.tier + " tier" if worker is None else
+                  p.admission.check(req, worker, choice, self.tier("decode")))
       if reason:
         req.finish(Status.REJECTED, now, reason)
         continue
-      w = least_loaded(self.entry, lambda w: w.queued_tokens() + len(w.running))
-      req.path = self.mode
-      req.prefill_instance = w.name
-      w.waiting.append(req)
+      req.path, req.prefill_instance = choice.path, worker.name
+      worker.waiting.append(req)
+
+  # ---- steps -------------------------------------------------------------------------------
 
   def _dispatch(self, w: Worker) -> None:
-    max_seqs = self.opts.max_prefill_seqs
-    if w.role == "colocated":   # prefilled requests decode here: keep room in the batch
-      max_seqs = min(max_seqs, self.opts.max_decode_batch - len(w.running))
-    if w.role in ("prefill", "colocated") and w.waiting and max_seqs > 0:
-      batch = batching.take_prefill_batch(w.waiting, token_budget=self.opts.token_budget,
-                                          max_seqs=max_seqs,
-                                          admit=lambda r: self._allocate_for_prefill(w, r))
-      if batch:
-        now = self.clock.now()
-        for r in batch:
-          r.status, r.prefill_start_s = Status.PREFILLING, now
-        seqs = [(r.prompt_ids, w.tables.block_table(r.id), r.sampling.temperature)
-                for r in batch]
-        self._launch(w, "prefill", batch, lambda: w.instance.prefill(seqs))
-        return
-    if w.role in ("decode", "colocated") and w.running:
-      batch = list(w.running)
-      seqs = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1,
-               w.tables.block_table(r.id), r.sampling.temperature) for r in batch]
-      self._launch(w, "decode", batch, lambda: w.instance.decode(seqs))
+    plan = self.policies.step.plan(w, admit=lambda r: self._allocate_prefill(w, r))
+    if plan.decodes:
+      self._ensure_decode_slots(w, plan)
+    if plan.empty:
+      return
+    now = self.clock.now()
+    for req, _, _ in plan.chunks:
+      if req.prefill_start_s is None:
+        req.prefill_start_s = now
+      if not req.output_ids:
+        req.status = Status.PREFILLING
+    table = w.tables.block_table
+    decode_rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
+                    r.sampling.temperature) for r in plan.decodes]
+    if plan.chunks:
+      kind = "mixed" if plan.decodes else "prefill"
+      seqs = [(req.prefill_tokens[start:end], start, table(req.id), req.sampling.temperature)
+              for req, start, end in plan.chunks]
+      seqs += [([tok], pos, pages, t) for tok, pos, pages, t in decode_rows]
+      call = lambda: w.instance.prefill(seqs)
+    else:
+      kind, call = "decode", lambda: w.instance.decode(decode_rows)
+    self.samples.append({"t": now, "instance": w.name, "role": w.role,
+                         "queued": w.num_waiting(), "running": w.num_running(),
+                         "kv_pages_used": w.tables.num_used_pages,
+                         "kv_pages_total": w.total_pages()})
+    try:
+      w.inflight = Step(plan, call(), now, kind)
+    except Exception as e:  # a failed step fails its requests, never the run
+      self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
 
-  def _allocate_for_prefill(self, w: Worker, r: Request) -> bool:
-    # colocated: the request decodes here, so reserve its whole length now
-    tokens = r.max_len if w.role == "colocated" else r.prompt_len
-    if not w.tables.can_allocate(tokens):
+  def _allocate_prefill(self, w: Worker, r: Request) -> bool:
+    if r.id in w.tables.seq_ids:
+      return True
+    if not w.tables.can_allocate(r.prefill_len):
       return False
-    w.tables.allocate(r.id, tokens)
+    w.tables.allocate(r.id, r.prefill_len)
     return True
 
-  def _launch(self, w: Worker, kind: str, batch: list[Request], call) -> None:
-    try:
-      w.inflight = Step(kind, batch, call())
-      w.steps[kind] += 1
-    except Exception as e:  # a failed step fails its requests, never the run
-      self._fail_batch(w, batch, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
+  def _ensure_decode_slots(self, w: Worker, plan: StepPlan) -> None:
+    """Grows each decoding sequence's block table by the slot its next token needs; when the
+    pool is full, preempts the newest running sequence (recompute later) until it fits."""
+    for r in list(plan.decodes):
+      if r not in plan.decodes:
+        continue
+      while True:
+        try:
+          w.tables.extend(r.id, r.prompt_len + len(r.output_ids))
+          break
+        except OutOfPages:
+          victim = next((v for v in reversed(w.running) if v is not r), r)
+          self._preempt(w, victim, plan)
+          if victim is r:
+            break
+
+  def _preempt(self, w: Worker, victim: Request, plan: StepPlan) -> None:
+    w.tables.free(victim.id)
+    w.running.remove(victim)
+    if victim in plan.decodes:
+      plan.decodes.remove(victim)
+    victim.num_computed_tokens = 0
+    victim.preemptions += 1
+    victim.status = Status.WAITING
+    w.waiting.appendleft(victim)
+    self.preemptions += 1
 
   def _collect(self, w: Worker) -> None:
     step, w.inflight = w.inflight, None
+    plan = step.plan
     try:
       tokens = step.pending.result()
     except Exception as e:
-      self._fail_batch(w, step.requests,
-                       f"{step.kind} step failed on {w.name}: {type(e).__name__}: {e}")
+      self._fail_plan(w, plan, f"{step.kind} step failed on {w.name}: {type(e).__name__}: {e}")
       return
     now = self.clock.now()
-    for r, token in zip(step.requests, tokens):
-      if step.kind == "prefill":
-        r.prefill_end_s = now
-      if r.add_token(token, now):
-        if r in w.running:
-          w.running.remove(r)
-        w.tables.free(r.id)
-        r.finish(Status.FINISHED, now)
-      elif step.kind == "prefill" and w.role == "colocated":
-        r.status, r.decode_instance = Status.DECODING, w.name
-        w.running.append(r)
-      elif step.kind == "prefill":
-        r.status = Status.TRANSFERRING
-        self.transfer_queue.append((r, w))
+    w.measure(step, now)
+    self.steps.append({"instance": w.name, "role": w.role, "kind": step.kind,
+                       "start_s": step.start_s, "end_s": now,
+                       "num_seqs": len(plan.chunks) + len(plan.decodes),
+                       "num_tokens": plan.num_tokens})
+    for (req, _, end), token in zip(plan.chunks, tokens):
+      req.num_computed_tokens = end
+      if end < req.prefill_len:
+        continue                       # a partial chunk: its sampled token means nothing
+      w.waiting.remove(req)
+      if req.output_ids:               # a recomputed (preempted) sequence resumes decoding
+        req.status = Status.DECODING
+        w.running.append(req)
+        continue
+      stays = w.keeps(req)
+      req.prefill_end_s = now
+      if self._emit(w, req, token, now):
+        continue
+      if stays:
+        req.status, req.decode_instance, req.decode_start_s = Status.DECODING, w.name, now
+        w.running.append(req)
+      else:
+        req.status = Status.TRANSFERRING
+        self.transfer_queue.append((req, w))
+    for req, token in zip(plan.decodes, tokens[len(plan.chunks):]):
+      self._emit(w, req, token, now)
 
-  # ---- KV transfer (disaggregated) ---------------------------------------------------------
+  def _emit(self, w: Worker, req: Request, token: int, now: float) -> bool:
+    """Appends a generated token; finishes the request (freeing its pages) when it is done."""
+    if not req.add_token(token, now):
+      return False
+    if req in w.running:
+      w.running.remove(req)
+    w.tables.free(req.id)
+    req.finish(Status.FINISHED, now)
+    return True
+
+  # ---- KV transfer and role switching (disaggregated) --------------------------------------
 
   def _start_transfers(self) -> None:
     while self.transfer_queue:
       r, src = self.transfer_queue[0]
-      dst = least_loaded(
-          self.decoders, lambda d: len(d.running) + (d.inflight is not None) * 0.5,
-          eligible=lambda d: (len(d.running) < self.opts.max_decode_batch
-                              and d.tables.can_allocate(r.max_len)))
+      need = r.prompt_len + 1          # the prompt's KV plus the first decode step's slot
+      eligible = [d for d in self.tier("decode")
+                  if d.num_running() < d.max_batch and d.tables.can_allocate(need)]
+      dst = self.policies.decode_router.choose(r, eligible)
       if dst is None:
         return   # decode tier full: the request waits (holding its prefill pages)
       self.transfer_queue.popleft()
       src_pages = src.tables.block_table(r.id)
-      dst_pages = dst.tables.allocate(r.id, r.max_len)
-      start = self.clock.now()
+      dst_pages = dst.tables.allocate(r.id, need)
+      r.transfer_start_s = self.clock.now()
       try:
         result = self.transfer_fn(src.instance, src_pages, dst.instance,
                                   dst_pages[:len(src_pages)])
       except Exception as e:
-        self.transfers.append({"bytes": 0, "seconds": self.clock.now() - start, "ok": False})
+        now = self.clock.now()
+        self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
         src.tables.free(r.id)
         dst.tables.free(r.id)
-        r.finish(Status.FAILED, self.clock.now(),
+        r.finish(Status.FAILED, now,
                  f"kv transfer {src.name}->{dst.name} failed: {type(e).__name__}: {e}")
         continue
       src.tables.free(r.id)
+      r.transfer_end_s = self.clock.now()
       r.transfer_bytes, r.transfer_s = result.bytes, result.seconds
       self.transfers.append({"bytes": result.bytes, "seconds": result.seconds, "ok": True})
-      r.status, r.decode_instance = Status.DECODING, dst.name
+      r.status, r.decode_instance, r.decode_start_s = Status.DECODING, dst.name, r.transfer_end_s
       dst.running.append(r)
+
+  def _switch_roles(self) -> None:
+    if self.mode != "disaggregated":
+      return
+    now = self.clock.now()
+    for w, role in self.policies.role_switch.decide(now, self.tier("prefill"),
+                                                    self.tier("decode"),
+                                                    len(self.transfer_queue)):
+      if w.draining_to is None and role != w.role:
+        w.draining_to = role
+    for w in self.workers:
+      if w.draining_to and w.drained() and not w.tables.seq_ids:
+        self.role_switches.append({"t": now, "instance": w.name, "from": w.role,
+                                   "to": w.draining_to})
+        w.role, w.draining_to = w.draining_to, None
 
   # ---- failure paths -----------------------------------------------------------------------
 
-  def _fail_batch(self, w: Worker, batch: list[Request], reason: str) -> None:
+  def _fail_plan(self, w: Worker, plan: StepPlan, reason: str) -> None:
     now = self.clock.now()
-    for r in batch:
-      if r in w.running:
-        w.running.remove(r)
+    for r in [req for req, _, _ in plan.chunks] + plan.decodes:
+      for queue in (w.waiting, w.running):
+        if r in queue:
+          queue.remove(r)
       if r.id in w.tables.seq_ids:
         w.tables.free(r.id)
       r.finish(Status.FAILED, now, reason)

@@ -1,0 +1,132 @@
+"""PNG plots of a run or a comparison: latency CDFs, goodput curves, tier timelines.
+
+matplotlib (Agg backend, no display) is imported on first use, so the rest of
+pdjax.metrics works without it. Every function returns the path it wrote and draws an
+empty figure with a note, rather than failing, when it has nothing to plot.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from pdjax.request import Request, Status
+
+
+def _pyplot():
+  import matplotlib
+  matplotlib.use("Agg", force=True)
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _save(fig, path: str) -> str:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=100)
+  _pyplot().close(fig)
+  return path
+
+
+def _note(ax, text: str = "no data") -> None:
+  ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes,
+          color="gray")
+
+
+def _cdf(ax, values_ms: Sequence[float], label: str) -> bool:
+  if not values_ms:
+    return False
+  xs = sorted(values_ms)
+  ys = [(i + 1) / len(xs) for i in range(len(xs))]
+  ax.step(xs, ys, where="post", label=f"{label} (n={len(xs)})")
+  return True
+
+
+def plot_latency_cdfs(runs: dict[str, Sequence[Request]], path: str) -> str:
+  """TTFT and TPOT CDFs (ms) of each run's finished requests, one line per mode."""
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  for ax, name, get in ((axes[0], "TTFT", lambda r: r.ttft_s),
+                        (axes[1], "TPOT", lambda r: r.tpot_s)):
+    drawn = False
+    for mode, reqs in runs.items():
+      vals = [get(r) * 1e3 for r in reqs
+              if r.status == Status.FINISHED and get(r) is not None]
+      drawn |= _cdf(ax, vals, mode)
+    ax.set_xlabel(f"{name} (ms)")
+    ax.set_ylabel("fraction of finished requests")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"{name} CDF")
+    ax.grid(alpha=0.3)
+    if drawn:
+      ax.legend(loc="lower right")
+    else:
+      _note(ax)
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+def plot_goodput_curves(curves: dict[str, Sequence[tuple[float, float]]], target: float,
+                        path: str) -> str:
+  """SLO attainment vs offered rate, one line per mode, and the target as a dashed line."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  drawn = False
+  for mode, pts in curves.items():
+    pts = sorted((float(r), float(a)) for r, a in pts)
+    if pts:
+      ax.plot([r for r, _ in pts], [a for _, a in pts], marker="o", label=mode)
+      drawn = True
+  ax.axhline(target, color="red", linestyle="--", linewidth=1,
+             label=f"target {target:g}")
+  ax.set_xlabel("request rate (req/s)")
+  ax.set_ylabel("SLO attainment")
+  ax.set_ylim(0, 1.05)
+  ax.set_title("SLO attainment vs rate")
+  ax.grid(alpha=0.3)
+  ax.legend(loc="lower left")
+  if not drawn:
+    _note(ax)
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+def plot_tier_timeline(steps: Sequence[dict], samples: Sequence[dict],
+                       role_switches: Sequence[dict], path: str) -> str:
+  """One panel per instance: queue depth and running batch size over time (step
+  functions from the samples), busy intervals as a band under the axis, and a vertical
+  marker at every role switch."""
+  plt = _pyplot()
+  names = sorted({s["instance"] for s in steps} | {s["instance"] for s in samples}
+                 | {s["instance"] for s in role_switches})
+  if not names:
+    fig, ax = plt.subplots(figsize=(9, 3))
+    ax.set_xlabel("time (s)")
+    _note(ax, "no steps, samples or role switches")
+    return _save(fig, path)
+  fig, axes = plt.subplots(len(names), 1, sharex=True, squeeze=False,
+                           figsize=(10, 1.2 + 2.0 * min(len(names), 16)))
+  for ax, name in zip(axes[:, 0], names):
+    smp = sorted((s for s in samples if s["instance"] == name), key=lambda s: s["t"])
+    if smp:
+      ts = [s["t"] for s in smp]
+      ax.step(ts, [s["queued"] for s in smp], where="post", label="queued")
+      ax.step(ts, [s["running"] for s in smp], where="post", label="running")
+    spans = [(s["start_s"], max(0.0, s["end_s"] - s["start_s"]))
+             for s in steps if s["instance"] == name]
+    if spans:
+      ax.broken_barh(spans, (-0.6, 0.4), color="gray", alpha=0.5)
+    for sw in role_switches:
+      if sw["instance"] == name:
+        ax.axvline(sw["t"], color="red", linestyle=":", linewidth=1)
+        ax.annotate(f"{sw['from']}->{sw['to']}", (sw["t"], 1.0),
+                    xycoords=("data", "axes fraction"), fontsize=7, color="red",
+                    rotation=90, va="top", ha="right")
+    ax.set_ylabel(name)
+    ax.grid(alpha=0.3)
+    if smp:
+      ax.legend(loc="upper right", fontsize=7)
+    elif not spans:
+      _note(ax, "no samples")
+  axes[-1, 0].set_xlabel("time (s); gray band: engine steps")
+  fig.tight_layout()
+  return _save(fig, path)

@@ -1,0 +1,114 @@
+"""Markdown sections for report.md and the comparison report: tier stats, reject reasons,
+preemptions, role switches and the net-benefit table."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+MAX_SWITCH_ROWS = 50
+
+
+def _ms(seconds: float | None) -> str:
+  return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def _num(value, spec: str) -> str:
+  return "-" if value is None else format(value, spec)
+
+
+def _pct(frac: float | None) -> str:
+  return "-" if frac is None else f"{frac * 100:.1f}"
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+             align: str | None = None) -> list[str]:
+  """Markdown table lines; align is one char per column ('l' or 'r'), default l then r."""
+  align = align or "l" + "r" * (len(header) - 1)
+  sep = ["---" if a == "l" else "---:" for a in align]
+  return ["| " + " | ".join(r) + " |" for r in (header, sep, *rows)]
+
+
+def _hist_text(hist: dict[str, int]) -> str:
+  return ", ".join(f"{n}x{c}" for n, c in hist.items()) or "-"
+
+
+def tier_section(tiers: dict) -> list[str]:
+  """Per-instance and per-role table, and batch-size histograms per role and step kind."""
+  header = ["", "role", "busy %", "queued mean", "queued max", "running mean",
+            "running max", "KV pages max", "KV used mean %", "steps p/d/m"]
+
+  def row(name: str, role: str, s: dict) -> list[str]:
+    st = s["steps"]
+    return [name, role, _pct(s["busy_fraction"]), _num(s["queued"]["mean"], ".2f"),
+            _num(s["queued"]["max"], "d"), _num(s["running"]["mean"], ".2f"),
+            _num(s["running"]["max"], "d"), _num(s["kv_pages_used_max"], "d"),
+            _pct(s["kv_used_frac_mean"]),
+            f"{st.get('prefill', 0)}/{st.get('decode', 0)}/{st.get('mixed', 0)}"]
+
+  rows = [row(n, "/".join(s["roles"]), s) for n, s in tiers.get("instances", {}).items()]
+  rows += [row(f"**{r}** ({len(s['instances'])})", r, s)
+           for r, s in tiers.get("roles", {}).items()]
+  lines = ["## Tiers", ""]
+  if not rows:
+    return lines + ["No engine steps or samples.", ""]
+  lines += md_table(header, rows, "ll" + "r" * 8) + ["", "Batch sizes (num_seqs x steps):", ""]
+  for role, s in tiers.get("roles", {}).items():
+    for kind, hist in s["batch_size_hist"].items():
+      if hist:
+        lines.append(f"- {role} / {kind}: {_hist_text(hist)}")
+  return lines + [""]
+
+
+def rejects_section(rejects: dict[str, int]) -> list[str]:
+  lines = ["## Rejected and failed requests by reason", ""]
+  if not rejects:
+    return lines + ["None.", ""]
+  return lines + md_table(["reason", "count"], [[k.replace("|", "\\|"), str(v)]
+                                               for k, v in rejects.items()]) + [""]
+
+
+def role_switch_section(switches: Sequence[dict]) -> list[str]:
+  lines = ["## Role switches", "", f"Role switches: {len(switches)}.", ""]
+  if not switches:
+    return lines
+  rows = [[f"{sw['t']:.3f}", str(sw["instance"]), str(sw["from"]), str(sw["to"])]
+          for sw in switches[:MAX_SWITCH_ROWS]]
+  lines += md_table(["t (s)", "instance", "from", "to"], rows, "rlll")
+  if len(switches) > MAX_SWITCH_ROWS:
+    lines.append(f"\n({len(switches) - MAX_SWITCH_ROWS} more not shown)")
+  return lines + [""]
+
+
+def extra_sections(extras: dict) -> list[str]:
+  """The sections for whichever of tiers, rejects_by_reason, preemptions and
+  role_switches extras holds."""
+  lines: list[str] = []
+  if "preemptions" in extras:
+    lines += [f"- Preemptions: {extras['preemptions']}", ""]
+  if "tiers" in extras:
+    lines += tier_section(extras["tiers"])
+  if "rejects_by_reason" in extras:
+    lines += rejects_section(extras["rejects_by_reason"])
+  if "role_switches" in extras:
+    lines += role_switch_section(extras["role_switches"])
+  return lines
+
+
+def benefit_section(rows: Sequence[dict]) -> list[str]:
+  """The net-benefit table (see pdjax.metrics.benefit), ms, one row per bucket."""
+  lines = ["## Net benefit of disaggregation by prompt length", "",
+           "net = prefill saved - KV transfer - decode extra; positive: disaggregation "
+           "paid off.", ""]
+  if not rows:
+    return lines + ["No requests finished in both runs.", ""]
+  body = []
+  for r in rows:
+    hi = "inf" if r["hi"] is None else str(r["hi"])
+    verdict = ("-" if r["net_s"] is None
+               else "disaggregated" if r["net_s"] > 0 else "colocated")
+    body.append([f"[{r['lo']}, {hi})", str(r["n"]), _ms(r["prefill_saved_s"]),
+                 _ms(r["kv_transfer_s"]), _ms(r["decode_extra_s"]), _ms(r["net_s"]),
+                 verdict])
+  header = ["prompt len", "n", "prefill saved (ms)", "KV transfer (ms)",
+            "decode extra (ms)", "net (ms)", "better"]
+  return lines + md_table(header, body, "lrrrrrl") + [""]

@@ -1,0 +1,68 @@
+"""Scheduling policies, one file each, chosen by name in the config (`scheduler.*`).
+
+Pure Python: the real driver and the simulator run the same objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pdjax.scheduler.policies.always_colocated import AlwaysColocated
+from pdjax.scheduler.policies.always_disagg import AlwaysDisagg
+from pdjax.scheduler.policies.base import (AdmissionPolicy, PathChoice, PathPolicy,
+                                           RoleSwitchPolicy, Router, StepPlan, StepPolicy)
+from pdjax.scheduler.policies.chunked_prefill import ChunkedPrefill
+from pdjax.scheduler.policies.kv_aware import KvAware
+from pdjax.scheduler.policies.least_loaded import LeastLoaded
+from pdjax.scheduler.policies.length_hybrid import LengthHybrid
+from pdjax.scheduler.policies.load_hybrid import LoadHybrid
+from pdjax.scheduler.policies.no_admission import NoAdmission
+from pdjax.scheduler.policies.no_role_switch import NoRoleSwitch
+from pdjax.scheduler.policies.power_of_two import PowerOfTwo
+from pdjax.scheduler.policies.predicted_slo import PredictedSlo
+from pdjax.scheduler.policies.prefill_first import PrefillFirst
+from pdjax.scheduler.policies.queue_bound import QueueBound
+from pdjax.scheduler.policies.queue_balance import QueueBalance
+from pdjax.scheduler.policies.random_router import RandomRouter
+from pdjax.scheduler.policies.round_robin import RoundRobin
+from pdjax.scheduler.policies.session_sticky import SessionSticky
+
+ROUTERS = {"round_robin": RoundRobin, "random": RandomRouter, "least_loaded": LeastLoaded,
+           "power_of_two": PowerOfTwo, "kv_aware": KvAware, "session_sticky": SessionSticky}
+PATHS = {"always_disagg": AlwaysDisagg, "always_colocated": AlwaysColocated,
+         "length_hybrid": LengthHybrid, "load_hybrid": LoadHybrid}
+ADMISSIONS = {"none": NoAdmission, "queue_bound": QueueBound, "predicted_slo": PredictedSlo}
+COLOCATED = {"prefill_first": PrefillFirst, "chunked_prefill": ChunkedPrefill}
+ROLE_SWITCH = {"none": NoRoleSwitch, "queue_balance": QueueBalance}
+CHOICES = {"prefill_router": ROUTERS, "decode_router": ROUTERS, "path": PATHS,
+           "admission": ADMISSIONS, "colocated_policy": COLOCATED, "role_switch": ROLE_SWITCH}
+
+
+@dataclasses.dataclass
+class Policies:
+  prefill_router: Router
+  decode_router: Router
+  path: PathPolicy
+  admission: AdmissionPolicy
+  step: StepPolicy
+  role_switch: RoleSwitchPolicy
+
+
+def unknown_policy(key: str, name: str) -> str | None:
+  """One-line error for a policy name that does not exist, else None."""
+  table = CHOICES[key]
+  return None if name in table else f"scheduler.{key}={name!r} is not one of {sorted(table)}"
+
+
+def build(names: dict, params: dict, seed: int = 0) -> Policies:
+  """names: {"prefill_router": ..., ...}; params: keyword arguments every policy may use
+  (token_budget, chunk_budget, max_prefill_seqs, length_threshold, saturation, max_queue,
+  slo_ttft_s, slo_tpot_s, interval_s, queued_tokens); each takes what it needs."""
+  for key, name in names.items():
+    error = unknown_policy(key, name)
+    if error:
+      raise ValueError(error)
+  make = lambda key, salt=0: CHOICES[key][names[key]](seed=seed + salt, **params)
+  return Policies(prefill_router=make("prefill_router"), decode_router=make("decode_router", 1),
+                  path=make("path"), admission=make("admission"),
+                  step=make("colocated_policy"), role_switch=make("role_switch"))

@@ -1,0 +1,74 @@
+"""The policy interfaces the driver calls. Pure Python: the simulator reuses them verbatim.
+
+Policies see workers through a few read-only load signals (see `pdjax.scheduler.worker.Worker`):
+`name`, `role`, `queued_tokens()`, `num_waiting()`, `num_running()`, `free_pages()`,
+`total_pages()`, `max_batch`, and measured rates `prefill_tok_s` / `decode_step_s` (None until
+measured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pdjax.request import Request
+
+
+class Router:
+  """Picks one of the eligible workers of a tier for a request."""
+
+  def choose(self, req: Request, candidates: list):  # -> Worker
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class PathChoice:
+  path: str          # "disaggregated" | "colocated"
+  tier: str          # the tier whose instance serves it first: "prefill" | "decode" | "colocated"
+
+
+class PathPolicy:
+  """Disaggregated mode only: which path a request takes."""
+
+  def choose(self, req: Request, prefill_tier: list, decode_tier: list) -> PathChoice:
+    raise NotImplementedError
+
+
+class AdmissionPolicy:
+  """Accepts a routed request (None) or rejects it with a one-line reason."""
+
+  def check(self, req: Request, worker, path: PathChoice, decode_tier: list) -> str | None:
+    return None
+
+
+@dataclasses.dataclass
+class StepPlan:
+  """One engine step: prefill chunks (request, start, end) and/or decode rows (requests).
+  A step with chunks runs the ragged (prefill) program, decode rows riding along as q_len = 1
+  rows; a step with decode rows only runs the decode program."""
+  chunks: list = dataclasses.field(default_factory=list)
+  decodes: list = dataclasses.field(default_factory=list)
+
+  @property
+  def empty(self) -> bool:
+    return not self.chunks and not self.decodes
+
+  @property
+  def num_tokens(self) -> int:
+    return sum(end - start for _, start, end in self.chunks) + len(self.decodes)
+
+
+class StepPolicy:
+  """What an idle worker runs next, given its waiting queue and running batch."""
+
+  def plan(self, worker, admit) -> StepPlan:
+    """`admit(req)` allocates a waiting request's prompt pages; False means no room."""
+    raise NotImplementedError
+
+
+class RoleSwitchPolicy:
+  """May move drained workers between the prefill and decode tiers (disaggregated mode)."""
+
+  def decide(self, now: float, prefill_tier: list, decode_tier: list,
+             transfer_backlog: int) -> list[tuple]:
+    """Returns (worker, new_role) pairs; only drained workers are switched."""
+    return []

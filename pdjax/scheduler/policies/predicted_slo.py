@@ -1,0 +1,26 @@
+"""predicted_slo: reject before prefill when the predicted TTFT or TPOT breaks the SLO
+(early rejection, as in Mooncake), instead of wasting prefill on a request that will miss.
+
+TTFT is predicted from the target instance's measured prefill throughput: (queued prompt
+tokens ahead + this prompt) / tokens per second. TPOT from the decode tier's measured step time
+(the least busy instance's). Until an instance has been measured, nothing is rejected for it.
+"""
+
+from pdjax.scheduler.policies.base import AdmissionPolicy
+
+
+class PredictedSlo(AdmissionPolicy):
+
+  def __init__(self, slo_ttft_s: float = 1.0, slo_tpot_s: float = 0.1, **_):
+    self.ttft, self.tpot = slo_ttft_s, slo_tpot_s
+
+  def check(self, req, worker, path, decode_tier):
+    if worker.prefill_tok_s:
+      ttft = (worker.queued_tokens() + req.prompt_len) / worker.prefill_tok_s
+      if ttft > self.ttft:
+        return f"predicted TTFT {ttft:.2f} s > slo.ttft_s {self.ttft:.2f} s"
+    tier = decode_tier if path.path == "disaggregated" else [worker]
+    step_times = [w.decode_step_s for w in tier if w.decode_step_s]
+    if step_times and min(step_times) > self.tpot:
+      return f"predicted TPOT {min(step_times):.3f} s > slo.tpot_s {self.tpot:.3f} s"
+    return None

@@ -1,0 +1,76 @@
+"""The driver's view of one instance: its queue, its running batch, its step in flight, and the
+load signals policies read. Pure Python."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+
+from pdjax.request import Request
+
+EWMA = 0.3   # weight of the newest measurement in the measured rates
+
+
+@dataclasses.dataclass
+class Step:
+  plan: object                # policies.StepPlan
+  pending: object             # has ready() and result() -> list[int]
+  start_s: float
+  kind: str                   # "prefill" | "decode" | "mixed"
+
+
+class Worker:
+
+  def __init__(self, instance, role: str, max_batch: int):
+    self.instance, self.role, self.max_batch = instance, role, max_batch
+    self.waiting: deque[Request] = deque()    # need (re)prefill here, FCFS
+    self.running: list[Request] = []          # decoding here
+    self.inflight: Step | None = None
+    self.draining_to: str | None = None       # a pending role switch: takes no new work
+    self.prefill_tok_s: float | None = None   # measured, EWMA
+    self.decode_step_s: float | None = None
+
+  @property
+  def name(self) -> str:
+    return self.instance.name
+
+  @property
+  def tables(self):
+    return self.instance.tables
+
+  def keeps(self, req: Request) -> bool:
+    """Whether a request prefilled here also decodes here (no transfer)."""
+    return req.path == "colocated" or self.role != "prefill" or req.output_ids != []
+
+  # ---- load signals ----
+  def queued_tokens(self) -> int:
+    return sum(r.prefill_len - r.num_computed_tokens for r in self.waiting)
+
+  def num_waiting(self) -> int:
+    return len(self.waiting)
+
+  def num_running(self) -> int:
+    return len(self.running)
+
+  def free_pages(self) -> int:
+    return self.tables.num_free_pages
+
+  def total_pages(self) -> int:
+    return self.tables.allocator.num_pages
+
+  def pages_for(self, num_tokens: int) -> int:
+    return self.tables.pages_needed(num_tokens)
+
+  def drained(self) -> bool:
+    return not self.waiting and not self.running and self.inflight is None
+
+  def measure(self, step: Step, end_s: float) -> None:
+    seconds = max(end_s - step.start_s, 1e-9)
+    if step.kind == "decode":
+      self.decode_step_s = _ewma(self.decode_step_s, seconds)
+    else:
+      self.prefill_tok_s = _ewma(self.prefill_tok_s, step.plan.num_tokens / seconds)
+
+
+def _ewma(old: float | None, new: float) -> float:
+  return new if old is None else (1 - EWMA) * old + EWMA * new

@@ -1,0 +1,162 @@
+"""The one workload entry point: a config's `workload` section in, Requests and problems out.
+
+`kind` picks the source: `synthetic` (an arrival process times a preset mix) or a trace file
+(`azure`, `mooncake`, `burstgpt`, `jsonl`) replayed through grain. Every source is fitted into
+max_model_len the same way (see limits) and reports what it skipped or cut as problem lines;
+the run goes on. Keys missing from `w` take their defaults from `default_workload_config()`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+import numpy as np
+
+from pdjax.request import Request
+from pdjax.workload.arrivals import ARRIVALS, arrival_times
+from pdjax.workload.limits import check_max_model_len, fit_lengths, truncation_note
+from pdjax.workload.presets import PRESETS, RequestSpec
+from pdjax.workload.replay import replay
+from pdjax.workload.synthetic import specs_to_requests
+from pdjax.workload.traces import READERS
+
+KINDS = ("synthetic",) + tuple(READERS)
+MIXED_KEYS = ("chat_fraction", "chat_prompt_len", "chat_max_new_tokens", "doc_prompt_len",
+              "doc_max_new_tokens")
+
+
+def default_workload_config() -> ml_collections.ConfigDict:
+  """Every workload key with its default."""
+  w = ml_collections.ConfigDict()
+  w.kind = "synthetic"              # synthetic | azure | mooncake | burstgpt | jsonl
+  w.path = ""                       # trace file (kinds other than synthetic)
+  w.preset = "mixed"                # synthetic: mixed | chat | long_doc_qa | rag | agent_multiturn
+  w.arrival = "poisson"             # synthetic arrivals: poisson | gamma | onoff | ramp
+  w.rate = 8.0                      # requests per second (synthetic)
+  w.num_requests = 64               # synthetic: how many; traces: first N good rows (0 = all)
+  w.time_scale = 1.0                # multiplies inter-arrival gaps (0.5 = twice as fast)
+  w.burstiness = 1.0                # gamma shape: 1 = Poisson, < 1 burstier
+  w.on_s = 2.0                      # onoff: seconds on (arrivals at rate)
+  w.off_s = 2.0                     # onoff: seconds off (no arrivals)
+  w.ramp_to_rate = 16.0             # ramp: rate at the last arrival
+  w.ignore_eos = False
+  w.chat_fraction = 0.75            # mixed preset: share of chat requests
+  w.chat_prompt_len = (16, 64)
+  w.chat_max_new_tokens = (16, 48)
+  w.doc_prompt_len = (192, 448)
+  w.doc_max_new_tokens = (8, 24)
+  return w
+
+
+_DEFAULTS = default_workload_config().to_dict()
+
+
+def _get(w, key: str):
+  return w.get(key, _DEFAULTS[key])
+
+
+def _why(key: str, value, why: str) -> str:
+  return f"workload.{key}={value!r} {why}"
+
+
+def validate_workload(w) -> str | None:
+  """None when w is usable, else one line naming the first bad key."""
+  kind = _get(w, "kind")
+  if kind not in KINDS:
+    return _why("kind", kind, f"is not one of {list(KINDS)}")
+  checks = [
+      ("num_requests", lambda v: v >= 0, "must be >= 0"),
+      ("time_scale", lambda v: 0 < v < float("inf"), "must be a finite number > 0"),
+  ]
+  if kind == "synthetic":
+    checks += [
+        ("preset", lambda v: v in PRESETS, f"is not one of {list(PRESETS)}"),
+        ("arrival", lambda v: v in ARRIVALS, f"is not one of {list(ARRIVALS)}"),
+        ("rate", lambda v: 0 < v < float("inf"), "must be > 0 (requests per second)"),
+    ]
+    arrival = _get(w, "arrival")
+    if arrival == "gamma":
+      checks.append(("burstiness", lambda v: 0 < v < float("inf"), "must be > 0"))
+    if arrival == "onoff":
+      checks += [("on_s", lambda v: 0 < v < float("inf"), "must be > 0 seconds"),
+                 ("off_s", lambda v: 0 <= v < float("inf"), "must be >= 0 seconds")]
+    if arrival == "ramp":
+      checks.append(("ramp_to_rate", lambda v: 0 < v < float("inf"),
+                     "must be > 0 (requests per second)"))
+    if _get(w, "preset") == "mixed":
+      checks.append(("chat_fraction", lambda v: 0.0 <= v <= 1.0, "must be within [0, 1]"))
+      checks += [(key, lambda v: len(v) == 2 and 1 <= v[0] <= v[1],
+                  "must be (low, high) with 1 <= low <= high") for key in MIXED_KEYS[1:]]
+  else:
+    path = _get(w, "path")
+    if not path:
+      return _why("path", path, f"is required for kind={kind}")
+    if not os.path.isfile(path):
+      return _why("path", path, "does not exist" if not os.path.exists(path)
+                  else "is not a file")
+  for key, ok, why in checks:
+    value = _get(w, key)
+    try:
+      good = bool(ok(tuple(value) if isinstance(value, list) else value))
+    except (TypeError, ValueError):
+      good = False
+    if not good:
+      return _why(key, tuple(value) if isinstance(value, list) else value, why)
+  return None
+
+
+def _synthetic(w, *, seed: int, vocab_size: int,
+               eos_ids: tuple[int, ...]) -> tuple[list[float], list[RequestSpec]]:
+  rng = np.random.default_rng(seed)
+  n = int(_get(w, "num_requests"))
+  times = arrival_times(_get(w, "arrival"), n, rate=_get(w, "rate"), rng=rng,
+                        burstiness=_get(w, "burstiness"), on_s=_get(w, "on_s"),
+                        off_s=_get(w, "off_s"), ramp_to_rate=_get(w, "ramp_to_rate"))
+  preset = _get(w, "preset")
+  params = {k: _get(w, k) for k in MIXED_KEYS} if preset == "mixed" else {}
+  for k in MIXED_KEYS[1:]:
+    if k in params:
+      params[k] = tuple(params[k])
+  specs = PRESETS[preset](n, rng, vocab_size, eos_ids, **params)
+  return times, specs
+
+
+def load_workload(w, *, seed: int, vocab_size: int, eos_ids: tuple[int, ...],
+                  max_model_len: int,
+                  temperature: float = 0.0) -> tuple[list[Request], list[str]]:
+  """Requests sorted by arrival (ids req-00000.. in that order) and the problems list.
+
+  Raises ValueError with validate_workload's line when w is unusable.
+  """
+  error = validate_workload(w)
+  if error:
+    raise ValueError(error)
+  check_max_model_len(max_model_len)
+  eos_ids = tuple(int(e) for e in eos_ids)
+  kind, ignore_eos = _get(w, "kind"), bool(_get(w, "ignore_eos"))
+  time_scale = float(_get(w, "time_scale"))
+  if kind != "synthetic":
+    cap = int(_get(w, "num_requests")) or None
+    extra = {"vocab_size": vocab_size} if kind == "jsonl" else {}
+    rows, problems = READERS[kind](_get(w, "path"), num_requests=cap, **extra)
+    requests, more = replay(rows, source=os.path.basename(_get(w, "path")), seed=seed,
+                            vocab_size=vocab_size, eos_ids=eos_ids,
+                            max_model_len=max_model_len, time_scale=time_scale,
+                            temperature=temperature, ignore_eos=ignore_eos)
+    return requests, problems + more
+
+  times, specs = _synthetic(w, seed=seed, vocab_size=vocab_size, eos_ids=eos_ids)
+  fitted, truncated = [], 0
+  for spec in specs:
+    prompt_len, new = fit_lengths(len(spec.prompt_ids), spec.max_new_tokens, max_model_len)
+    truncated += (prompt_len, new) != (len(spec.prompt_ids), spec.max_new_tokens)
+    fitted.append(RequestSpec(spec.prompt_ids[:prompt_len], new, spec.tenant, spec.session))
+  times = [t * time_scale for t in times]   # Synthetic gaps run from 0.
+  requests = specs_to_requests(times, fitted, temperature=temperature, eos_ids=eos_ids,
+                               ignore_eos=ignore_eos)
+  problems = []
+  if truncated:
+    problems.append(truncation_note(f"synthetic:{_get(w, 'preset')}", truncated, len(specs),
+                                    max_model_len))
+  return requests, problems

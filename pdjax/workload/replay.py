@@ -1,0 +1,83 @@
+"""Trace replay: TraceRows to Requests through a grain pipeline.
+
+The per-row work (token ids, fitting into max_model_len, the Request itself) is a
+`grain.MapDataset.source(rows).map_with_index(...)` pipeline, so later work can shard or
+prefetch large traces without changing the transform. Rows are sorted by arrival first (ties
+keep file order) and ids are req-00000.. in that order. time_scale multiplies every gap from
+the first arrival (0.5 replays twice as fast). A row without prompt ids gets ids seeded by
+(seed, its line), or its Mooncake blocks: the same trace and seed give the same requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from pdjax.request import Request, SamplingParams
+from pdjax.workload.limits import check_max_model_len, fit_lengths, truncation_note
+from pdjax.workload.tokens import allowed_token_ids, block_prompt, random_prompt
+from pdjax.workload.trace_rows import TraceRow
+
+_ROW_STREAM = 0   # seed-sequence tag for per-row prompt ids (blocks use tokens._BLOCK_STREAM)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowToRequest:
+  """The grain map transform: (index, row) -> Request."""
+  seed: int
+  allowed: np.ndarray
+  max_model_len: int
+  temperature: float
+  eos_ids: tuple[int, ...]
+  ignore_eos: bool
+
+  def prompt_ids(self, row: TraceRow) -> list[int]:
+    if row.prompt_ids is not None:
+      return list(row.prompt_ids)
+    rng = np.random.default_rng([self.seed, _ROW_STREAM, row.line])
+    if row.hash_ids:
+      return block_prompt(row.hash_ids, row.prompt_len, row.block_size, seed=self.seed,
+                          allowed=self.allowed, rng=rng)
+    return random_prompt(rng, self.allowed, row.prompt_len)
+
+  def __call__(self, index: int, row: TraceRow) -> Request:
+    prompt_len, output_len = fit_lengths(row.prompt_len, row.output_len, self.max_model_len)
+    row = dataclasses.replace(row, prompt_len=prompt_len)
+    return Request(
+        id=f"req-{index:05d}", arrival_s=float(row.arrival_s),
+        prompt_ids=self.prompt_ids(row)[:prompt_len],
+        sampling=SamplingParams(temperature=self.temperature, max_new_tokens=output_len,
+                                ignore_eos=self.ignore_eos),
+        eos_ids=self.eos_ids, tenant=row.tenant, session=row.session)
+
+
+def scale_time(rows: list[TraceRow], time_scale: float) -> list[TraceRow]:
+  """rows sorted by arrival, each gap from the first arrival multiplied by time_scale."""
+  if not (time_scale > 0 and np.isfinite(time_scale)):
+    raise ValueError(f"time_scale must be a finite number > 0, got {time_scale}")
+  rows = sorted(rows, key=lambda r: r.arrival_s)
+  if not rows:
+    return rows
+  t0 = rows[0].arrival_s
+  return [dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) * time_scale)
+          for r in rows]
+
+
+def replay(rows: list[TraceRow], *, source: str, seed: int, vocab_size: int,
+           eos_ids: tuple[int, ...], max_model_len: int, time_scale: float = 1.0,
+           temperature: float = 0.0,
+           ignore_eos: bool = False) -> tuple[list[Request], list[str]]:
+  """Requests sorted by arrival and the problems (one line if any were truncated)."""
+  import grain  # Imported here: grain pulls in jax, which the rest of the workload avoids.
+
+  check_max_model_len(max_model_len)
+  rows = scale_time(rows, time_scale)
+  to_request = RowToRequest(seed=int(seed), allowed=allowed_token_ids(vocab_size, eos_ids),
+                            max_model_len=max_model_len, temperature=temperature,
+                            eos_ids=tuple(int(e) for e in eos_ids), ignore_eos=ignore_eos)
+  requests = list(grain.MapDataset.source(rows).map_with_index(to_request))
+  truncated = sum(fit_lengths(r.prompt_len, r.output_len, max_model_len)
+                  != (r.prompt_len, r.output_len) for r in rows)
+  problems = [truncation_note(source, truncated, len(rows), max_model_len)] if truncated else []
+  return requests, problems

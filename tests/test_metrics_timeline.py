@@ -1,0 +1,141 @@
+"""Tests for pdjax.metrics.timeline: tier stats, reject grouping, preemptions (hand-made
+inputs, hand-computed numbers)."""
+
+import pytest
+
+from pdjax.metrics.summary import summarize_extras
+from pdjax.metrics.timeline import (busy_seconds, preemption_count, reason_key,
+                                    rejects_by_reason, tier_stats)
+from pdjax.request import Request, Status
+
+
+def step(inst, role, kind, start, end, num_seqs, num_tokens=1):
+  return {"instance": inst, "role": role, "kind": kind, "start_s": start, "end_s": end,
+          "num_seqs": num_seqs, "num_tokens": num_tokens}
+
+
+def sample(t, inst, role, queued, running, used, total):
+  return {"t": t, "instance": inst, "role": role, "queued": queued, "running": running,
+          "kv_pages_used": used, "kv_pages_total": total}
+
+
+STEPS = [
+    step("p0", "prefill", "prefill", 0.0, 1.0, 2, 100),
+    step("p0", "prefill", "prefill", 0.5, 1.5, 2, 50),   # overlaps the first
+    step("p0", "prefill", "mixed", 3.0, 4.0, 1, 10),
+    step("d0", "decode", "decode", 1.0, 2.0, 4, 4),
+    step("d0", "decode", "decode", 2.0, 3.0, 4, 4),      # touches the previous one
+    step("d0", "decode", "decode", 5.0, 12.0, 1, 1),     # clipped at duration 10
+]
+SAMPLES = [
+    sample(0.0, "p0", "prefill", 4, 0, 0, 100),
+    sample(6.0, "p0", "prefill", 0, 0, 10, 100),          # out of order on purpose
+    sample(2.0, "p0", "prefill", 2, 1, 50, 100),
+    sample(1.0, "d0", "decode", 0, 4, 20, 40),
+    sample(5.0, "d0", "decode", 1, 1, 10, 40),
+]
+
+
+def test_busy_seconds_union_and_clip():
+  assert busy_seconds([(0, 1), (0.5, 1.5), (3, 4)], 10) == 2.5
+  assert busy_seconds([(1, 2), (2, 3), (5, 12)], 10) == 7.0
+  assert busy_seconds([(-1, 1), (0.2, 0.4), (2, 2)], 10) == 1.0
+  assert busy_seconds([], 10) == 0.0
+
+
+def test_tier_stats_per_instance():
+  t = tier_stats(STEPS, SAMPLES, 10.0)
+  assert list(t["instances"]) == ["d0", "p0"]
+  p0, d0 = t["instances"]["p0"], t["instances"]["d0"]
+  assert p0["roles"] == ["prefill"] and d0["roles"] == ["decode"]
+  assert p0["busy_fraction"] == pytest.approx(0.25)
+  assert d0["busy_fraction"] == pytest.approx(0.7)
+  # p0 samples hold 2 s, 4 s and 4 s (the last one until duration).
+  assert p0["samples"] == 3
+  assert p0["queued"] == {"mean": pytest.approx(1.6), "max": 4}
+  assert p0["running"] == {"mean": pytest.approx(0.4), "max": 1}
+  assert p0["kv_pages_used_max"] == 50
+  assert p0["kv_used_frac_mean"] == pytest.approx(0.24)
+  assert p0["kv_used_frac_max"] == 0.5
+  # d0 samples hold 4 s and 5 s.
+  assert d0["queued"] == {"mean": pytest.approx(5 / 9), "max": 1}
+  assert d0["running"] == {"mean": pytest.approx(21 / 9), "max": 4}
+  assert d0["kv_used_frac_mean"] == pytest.approx((0.5 * 4 + 0.25 * 5) / 9)
+  assert p0["steps"] == {"prefill": 2, "decode": 0, "mixed": 1}
+  assert p0["steps_total"] == 3
+  assert p0["tokens"] == {"prefill": 150, "decode": 0, "mixed": 10}
+  assert p0["batch_size_hist"] == {"prefill": {"2": 2}, "decode": {}, "mixed": {"1": 1}}
+  assert d0["batch_size_hist"]["decode"] == {"1": 1, "4": 2}
+  assert list(d0["batch_size_hist"]["decode"]) == ["1", "4"]
+
+
+def test_tier_stats_roles_with_a_role_switch():
+  steps = [step("x", "prefill", "prefill", 0, 2, 3), step("x", "decode", "decode", 4, 5, 2),
+           step("y", "decode", "decode", 0, 8, 5)]
+  samples = [sample(0, "x", "prefill", 2, 1, 1, 10), sample(4, "x", "decode", 6, 3, 5, 10)]
+  t = tier_stats(steps, samples, 8.0)
+  x = t["instances"]["x"]
+  assert x["roles"] == ["decode", "prefill"]
+  assert x["busy_fraction"] == pytest.approx(3 / 8)
+  assert x["queued"]["mean"] == pytest.approx(4.0)
+  pre, dec = t["roles"]["prefill"], t["roles"]["decode"]
+  assert pre["instances"] == ["x"] and dec["instances"] == ["x", "y"]
+  assert pre["busy_fraction"] == pytest.approx(2 / 8)
+  assert dec["busy_fraction"] == pytest.approx(9 / 16)
+  assert pre["queued"] == {"mean": 2.0, "max": 2}
+  assert dec["queued"] == {"mean": 6.0, "max": 6}
+  assert dec["kv_used_frac_mean"] == 0.5
+  assert dec["batch_size_hist"]["decode"] == {"2": 1, "5": 1}
+  assert pre["steps_total"] == 1 and dec["steps_total"] == 2
+
+
+def test_tier_stats_fallbacks():
+  # One sample at t = duration has zero hold time: plain mean of the samples.
+  t = tier_stats([], [sample(10, "a", "decode", 3, 2, 0, 0)], 10.0)
+  a = t["instances"]["a"]
+  assert a["queued"] == {"mean": 3.0, "max": 3}
+  assert a["busy_fraction"] == 0.0
+  assert a["kv_used_frac_mean"] is None and a["kv_used_frac_max"] is None
+  # Steps but no samples.
+  b = tier_stats([step("b", "decode", "decode", 0, 1, 1)], [], 4.0)["instances"]["b"]
+  assert b["queued"] == {"mean": None, "max": None} and b["busy_fraction"] == 0.25
+  assert tier_stats([], [], 1.0) == {"instances": {}, "roles": {}}
+  with pytest.raises(ValueError):
+    tier_stats([], [], 0.0)
+
+
+def make(rid, status, reason="", preemptions=0):
+  r = Request(id=rid, arrival_s=0.0, prompt_ids=[1])
+  r.preemptions = preemptions
+  if status == Status.FINISHED:
+    r.add_token(5, 0.1)
+  r.finish(status, 0.1, reason)
+  return r
+
+
+REQS = [
+    make("a", Status.REJECTED, "prompt_len = 5000 exceeds the prefill token budget 4096"),
+    make("b", Status.REJECTED, "prompt_len = 6000 exceeds the prefill token budget 4096"),
+    make("c", Status.FAILED, "kv transfer failed: timeout after 1.5 s", preemptions=1),
+    make("d", Status.REJECTED, ""),
+    make("e", Status.FINISHED, "ignored: finished", preemptions=2),
+]
+
+
+def test_rejects_by_reason_and_preemptions():
+  assert reason_key("needs 12 pages, 3e-2 s, 7.5 GiB") == "needs # pages, # s, # GiB"
+  got = rejects_by_reason(REQS)
+  assert got == {"prompt_len = # exceeds the prefill token budget #": 2,
+                 "(no reason)": 1, "kv transfer failed: timeout after # s": 1}
+  assert list(got)[0].startswith("prompt_len") and list(got)[1] == "(no reason)"
+  assert rejects_by_reason([]) == {}
+  assert preemption_count(REQS) == 3 and preemption_count([]) == 0
+
+
+def test_summarize_extras():
+  sw = [{"t": 1.0, "instance": "x", "from": "prefill", "to": "decode"}]
+  ex = summarize_extras(REQS, duration_s=10.0, steps=STEPS, samples=SAMPLES,
+                        role_switches=sw)
+  assert set(ex) == {"preemptions", "rejects_by_reason", "tiers", "role_switches"}
+  assert ex["preemptions"] == 3 and ex["role_switches"] == sw
+  assert ex["tiers"] == tier_stats(STEPS, SAMPLES, 10.0)
