@@ -3,17 +3,21 @@
 Run:   python -m pdjax.run                      (same as --config=configs/default.py)
 Smoke: python -m pdjax.run --config=configs/default.py:smoke   (a few requests, for tests)
 
-Colocated: 4 instances x TP2. Disaggregated: 2 prefill x TP2 + 2 decode x TP2. Same seeded
-workload for both: Poisson arrivals mixing short chat requests with long document requests.
+Colocated: 4 instances x TP2, once with prefill_first and once with chunked prefill ("chunked").
+Disaggregated: 2 prefill x TP2 + 2 decode x TP2. Same seeded workload for all three: Poisson
+arrivals mixing short chat requests with long document requests.
 Expect a side-by-side table; on a 2-core CPU the whole run takes about a minute.
 """
 
 import ml_collections
 
+from pdjax.workload.loader import default_workload_config
+
 
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
-  c.mode = "compare"                       # colocated | disaggregated | compare
+  c.mode = "compare"                       # colocated | disaggregated | compare (all three:
+                                           # colocated, chunked, disaggregated)
   c.seed = 0
   c.num_cpu_devices = 8                    # virtual devices when the platform is CPU
   c.compile_cache_dir = "~/.cache/pdjax/xla"   # JAX persistent compilation cache; "" = off
@@ -38,20 +42,25 @@ def get_config(arg=None):
   c.scheduler.prefill_buckets = (64, 128, 256, 512)   # packed prompt tokens per prefill step
   c.scheduler.max_prefill_seqs = 4
   c.scheduler.decode_buckets = (4, 8, 16)             # sequences per decode step
+  c.scheduler.prefill_router = "least_loaded"   # round_robin|random|least_loaded|power_of_two|
+  c.scheduler.decode_router = "least_loaded"    #   kv_aware|session_sticky
+  c.scheduler.path = "always_disagg"            # always_disagg|always_colocated|length_hybrid|load_hybrid
+  c.scheduler.admission = "none"                # none|queue_bound|predicted_slo
+  c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)
+  c.scheduler.role_switch = "none"              # none|queue_balance
+  c.scheduler.chunk_budget = 128                # tokens per chunked-prefill step
+  c.scheduler.length_threshold = 128            # length_hybrid: shorter prompts stay colocated
+  c.scheduler.saturation = 0.9                  # load_hybrid: decode tier "full" at this share
+  c.scheduler.max_queue = 32                    # queue_bound: waiting requests per instance
+  c.scheduler.role_switch_interval_s = 1.0      # queue_balance: how often it looks
+  c.scheduler.role_switch_queued_tokens = 1024  # queue_balance: prefill backlog per instance
 
-  c.workload = ml_collections.ConfigDict()
-  c.workload.kind = "synthetic"
+  c.workload = default_workload_config()   # kind, preset, arrival, rate, num_requests, ...
   c.workload.num_requests = 64
   c.workload.rate = 8.0                    # requests per second (Poisson)
-  c.workload.chat_fraction = 0.75
-  c.workload.chat_prompt_len = (16, 64)
-  c.workload.chat_max_new_tokens = (16, 48)
-  c.workload.doc_prompt_len = (192, 448)
-  c.workload.doc_max_new_tokens = (8, 24)
-  c.workload.ignore_eos = False
 
   c.sampling = ml_collections.ConfigDict(dict(temperature=0.0))
-  c.slo = ml_collections.ConfigDict(dict(ttft_s=1.0, tpot_s=0.1))
+  c.slo = ml_collections.ConfigDict(dict(ttft_s=1.0, tpot_s=0.1, attainment=0.9))
   c.progress = True
 
   if arg == "smoke":
@@ -59,6 +68,7 @@ def get_config(arg=None):
     c.workload.rate = 20.0
     c.scheduler.prefill_buckets = (64, 512)
     c.scheduler.decode_buckets = (4, 16)
+    c.scheduler.chunk_budget = 64
   elif arg:
     raise ValueError(f"unknown variant {arg!r} (known: smoke)")
   return c

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 
 from pdjax.models.llama_config import PRESETS, LlamaConfig, config_from_hf
+from pdjax.scheduler import policies as policy_lib
+from pdjax.workload.loader import validate_workload
 
 MODES = ("colocated", "disaggregated", "compare")
 
@@ -46,8 +48,14 @@ def tiers(cfg) -> dict[str, list[tuple[str, int, int]]]:
   }
 
 
+RUNS = {"colocated": "colocated", "chunked": "colocated", "disaggregated": "disaggregated"}
+
+
 def modes(cfg) -> list[str]:
-  return ["colocated", "disaggregated"] if cfg.mode == "compare" else [cfg.mode]
+  """The runs of an experiment: compare = plain colocated, chunked-prefill colocated and
+  disaggregated, on the same workload and chips (subfolders colocated/, chunked/,
+  disaggregated/)."""
+  return ["colocated", "chunked", "disaggregated"] if cfg.mode == "compare" else [cfg.mode]
 
 
 def _check_buckets(key: str, buckets) -> None:
@@ -77,7 +85,7 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(p % d == 0 or d % p == 0, "cluster.decode.tp", d,
            f"and cluster.prefill.tp={p}: one must divide the other to move KV")
   if device_count is not None:
-    for mode in modes(cfg):
+    for mode in sorted({RUNS[m] for m in modes(cfg)}):
       need = sum(n * tp for _, n, tp in tiers(cfg)[mode])
       if need > device_count:
         parts = " + ".join(f"cluster.{role}.instances={n} x tp={tp}"
@@ -99,18 +107,25 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(s.max_prefill_seqs >= 1, "scheduler.max_prefill_seqs", s.max_prefill_seqs,
            "must be >= 1")
 
-  w = cfg.workload
-  _require(w.kind == "synthetic", "workload.kind", w.kind, "is not one of ['synthetic']")
-  _require(w.num_requests >= 0, "workload.num_requests", w.num_requests, "must be >= 0")
-  _require(w.rate > 0, "workload.rate", w.rate, "must be > 0 (requests per second)")
-  _require(0.0 <= w.chat_fraction <= 1.0, "workload.chat_fraction", w.chat_fraction,
-           "must be within [0, 1]")
-  for key in ("chat_prompt_len", "chat_max_new_tokens", "doc_prompt_len", "doc_max_new_tokens"):
-    lo_hi = tuple(w[key])
-    _require(len(lo_hi) == 2 and 1 <= lo_hi[0] <= lo_hi[1], f"workload.{key}", lo_hi,
-             "must be (low, high) with 1 <= low <= high")
+  for key in policy_lib.CHOICES:
+    error = policy_lib.unknown_policy(key, s[key])
+    if error:
+      raise ConfigError(error)
+  _require(1 <= s.chunk_budget <= max(s.prefill_buckets), "scheduler.chunk_budget",
+           s.chunk_budget, f"must be within [1, {max(s.prefill_buckets)}] (the largest "
+           "prefill bucket)")
+  _require(s.max_queue >= 1, "scheduler.max_queue", s.max_queue, "must be >= 1")
+  _require(s.length_threshold >= 0, "scheduler.length_threshold", s.length_threshold,
+           "must be >= 0")
+  _require(0 < s.saturation <= 1, "scheduler.saturation", s.saturation, "must be in (0, 1]")
+
+  error = validate_workload(cfg.workload)
+  if error:
+    raise ConfigError(error)
   _require(cfg.sampling.temperature >= 0, "sampling.temperature", cfg.sampling.temperature,
            "must be >= 0")
   _require(cfg.slo.ttft_s > 0, "slo.ttft_s", cfg.slo.ttft_s, "must be > 0")
   _require(cfg.slo.tpot_s > 0, "slo.tpot_s", cfg.slo.tpot_s, "must be > 0")
+  _require(0 < cfg.slo.attainment <= 1, "slo.attainment", cfg.slo.attainment,
+           "must be in (0, 1]")
   return mcfg

@@ -4,8 +4,9 @@
   python -m pdjax.run --config=configs/default.py:smoke --config.workload.rate=4
   python -m pdjax.run --config.mode=disaggregated --workdir=/tmp/run1
 
-Writes one folder per mode (config.json, requests.jsonl, summary.json, report.md) under
---workdir (default results/<config>-<timestamp>/) and prints a side-by-side table.
+Writes one folder per run (config.json, requests.jsonl, summary.json, report.md, trace.json,
+plots/) under --workdir (default results/<config>-<timestamp>/); mode=compare runs colocated,
+chunked and disaggregated into subfolders, adds compare.md, and prints a side-by-side table.
 """
 
 from __future__ import annotations
@@ -35,44 +36,84 @@ def default_workdir(config_path: str) -> str:
   return os.path.join("results", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def run_mode(cfg, mcfg, mode: str, workdir: str, host_params) -> dict:
-  """Builds the mode's instances, serves the workload, writes the run folder, returns summary."""
-  from tqdm import tqdm
-  from pdjax.engine.cluster import build_instances
-  from pdjax.metrics.report import write_run_files
-  from pdjax.metrics.summary import summarize
-  from pdjax import serving
-  from pdjax.workload.synthetic import synthetic_requests
+def policies_for(cfg, run: str, opts):
+  """The scheduling policies of one run (run: colocated | chunked | disaggregated)."""
+  from pdjax.scheduler import policies as policy_lib
+  sc = cfg.scheduler
+  names = {key: sc[key] for key in policy_lib.CHOICES}
+  if run == "chunked":
+    names["colocated_policy"] = "chunked_prefill"
+  elif cfg.mode == "compare" or run == "disaggregated":
+    names["colocated_policy"] = "prefill_first"   # the plain baseline; D steps are decodes
+  params = dict(token_budget=max(opts.prefill_buckets), chunk_budget=sc.chunk_budget,
+                max_prefill_seqs=opts.max_prefill_seqs, length_threshold=sc.length_threshold,
+                saturation=sc.saturation, max_queue=sc.max_queue, slo_ttft_s=cfg.slo.ttft_s,
+                slo_tpot_s=cfg.slo.tpot_s, interval_s=sc.role_switch_interval_s,
+                queued_tokens=sc.role_switch_queued_tokens)
+  return policy_lib.build(names, params, seed=cfg.seed)
 
-  opts = engine_options(cfg)
-  instances = build_instances(config_lib.tiers(cfg)[mode], mcfg, host_params, opts)
-  w = cfg.workload
-  requests = synthetic_requests(
-      num_requests=w.num_requests, rate=w.rate, seed=cfg.seed, vocab_size=mcfg.vocab_size,
-      chat_fraction=w.chat_fraction, chat_prompt_len=tuple(w.chat_prompt_len),
-      chat_max_new_tokens=tuple(w.chat_max_new_tokens), doc_prompt_len=tuple(w.doc_prompt_len),
-      doc_max_new_tokens=tuple(w.doc_max_new_tokens), temperature=cfg.sampling.temperature,
-      eos_ids=mcfg.eos_token_ids, ignore_eos=w.ignore_eos)
-  with tqdm(total=len(requests), desc=f"{mode:>13}", unit="req", disable=not cfg.progress,
+
+def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, object]:
+  """Builds the run's instances, serves the workload, writes the run folder (files, plots,
+  trace.json); returns (summary, RunResult)."""
+  from tqdm import tqdm
+  from pdjax import serving
+  from pdjax.engine.cluster import build_instances
+  from pdjax.metrics import plots
+  from pdjax.metrics.report import write_run_files
+  from pdjax.metrics.summary import summarize, summarize_extras
+  from pdjax.metrics.trace import write_chrome_trace
+  from pdjax.workload.loader import load_workload
+
+  chunked = run == "chunked" or (run == "colocated" and
+                                 cfg.scheduler.colocated_policy == "chunked_prefill")
+  opts = engine_options(cfg, chunked=chunked)
+  policies = policies_for(cfg, run, opts)
+  mode = config_lib.RUNS[run]
+  instances = build_instances(config_lib.tiers(cfg)[mode], mcfg, host_params, opts,
+                              roles_may_change=cfg.scheduler.role_switch != "none")
+  requests, problems = load_workload(cfg.workload, seed=cfg.seed, vocab_size=mcfg.vocab_size,
+                                     eos_ids=mcfg.eos_token_ids,
+                                     max_model_len=cfg.kv.max_model_len,
+                                     temperature=cfg.sampling.temperature)
+  for line in problems:
+    print(f"workload: {line}", file=sys.stderr)
+  with tqdm(total=len(requests), desc=f"{run:>13}", unit="req", disable=not cfg.progress,
             file=sys.stderr) as bar:
-    result = serving.serve(mode, instances, requests, on_progress=bar.update)
-  summary = summarize(result.requests, mode=mode, duration_s=max(result.duration_s, 1e-9),
+    result = serving.serve(mode, instances, requests, on_progress=bar.update,
+                           policies=policies)
+  duration = max(result.duration_s, 1e-9)
+  summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,
                       transfers=result.transfers,
                       compiles=sum(i.compiles for i in instances),
                       kv_pages_leaked=serving.kv_pages_leaked(instances))
-  summary["steps"] = result.steps
-  write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": mode}, requests=result.requests,
+  summary.update(summarize_extras(result.requests, duration_s=duration, steps=result.steps,
+                                  samples=result.samples, role_switches=result.role_switches))
+  summary["steps"] = result.step_counts()
+  summary["workload_problems"] = problems
+  write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": run}, requests=result.requests,
                   summary=summary)
-  return summary
+  os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
+  plots.plot_latency_cdfs({run: result.requests}, os.path.join(workdir, "plots", "latency_cdf.png"))
+  plots.plot_tier_timeline(result.steps, result.samples, result.role_switches,
+                           os.path.join(workdir, "plots", "tier_timeline.png"))
+  write_chrome_trace(os.path.join(workdir, "trace.json"), requests=result.requests,
+                     steps=result.steps, role_switches=result.role_switches)
+  return summary, result
 
 
-def engine_options(cfg):
+def engine_options(cfg, chunked: bool = False):
+  """Chunked prefill packs every running decode plus a chunk into one ragged step, so its
+  ragged program holds up to max_decode_batch + 1 sequences."""
   from pdjax.engine.instance import EngineOptions
+  max_seqs = cfg.scheduler.max_prefill_seqs
+  if chunked:
+    max_seqs = max(max_seqs, max(cfg.scheduler.decode_buckets) + 1)
   return EngineOptions(page_size=cfg.kv.page_size, num_pages=cfg.kv.pages_per_instance,
                        max_model_len=cfg.kv.max_model_len,
                        prefill_buckets=tuple(cfg.scheduler.prefill_buckets),
-                       max_prefill_seqs=cfg.scheduler.max_prefill_seqs,
+                       max_prefill_seqs=max_seqs,
                        decode_buckets=tuple(cfg.scheduler.decode_buckets),
                        dtype=cfg.model.dtype, seed=cfg.seed,
                        attention_impl=cfg.model.attention_impl)
@@ -100,16 +141,37 @@ def main(argv) -> None:
   enable_compile_cache(cfg.compile_cache_dir)
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   params = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed, dtype=cfg.model.dtype)
-  modes = config_lib.modes(cfg)
-  summaries = {}
-  for mode in modes:
-    mode_dir = os.path.join(workdir, mode) if len(modes) > 1 else workdir
-    summaries[mode] = run_mode(cfg, mcfg, mode, mode_dir, params)
+  runs = config_lib.modes(cfg)
+  summaries, results = {}, {}
+  for run in runs:
+    run_dir = os.path.join(workdir, run) if len(runs) > 1 else workdir
+    summaries[run], results[run] = run_mode(cfg, mcfg, run, run_dir, params)
+  if len(runs) > 1:
+    write_comparison(workdir, summaries, results)
   print(compare_table(summaries))
   print(f"results: {workdir}")
   if any(s["kv_pages_leaked"] for s in summaries.values()):
     fail("KV pages leaked: " + ", ".join(f"{m}={s['kv_pages_leaked']}"
                                           for m, s in summaries.items()))
+
+
+def write_comparison(workdir: str, summaries: dict, results: dict) -> None:
+  """compare.md (the side-by-side table and, per prompt-length bucket, the net benefit of
+  disaggregation against the plain colocated run) and plots/latency_cdf.png for all runs."""
+  from pdjax.metrics import plots
+  from pdjax.metrics.benefit import net_benefit
+  from pdjax.metrics.report import write_compare_report
+  benefit = None
+  if "colocated" in results and "disaggregated" in results:
+    benefit = net_benefit(results["colocated"].requests, results["disaggregated"].requests,
+                          BENEFIT_BUCKETS)
+  write_compare_report(os.path.join(workdir, "compare.md"), summaries, benefit)
+  os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
+  plots.plot_latency_cdfs({run: r.requests for run, r in results.items()},
+                          os.path.join(workdir, "plots", "latency_cdf.png"))
+
+
+BENEFIT_BUCKETS = [0, 64, 128, 256, 512, 1024, 4096]
 
 
 def _parse_flags(argv):

@@ -85,24 +85,22 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens
   """
   t, h, d = q.shape
   kvh = k_pages.shape[0]
-  max_seqs, pages_per_seq = page_indices.shape
-  seq_len = pages_per_seq * k_pages.shape[2]
+  max_seqs = page_indices.shape[0]
   scale = d ** -0.5 if sm_scale is None else sm_scale
-  k = k_pages[:, page_indices].reshape(kvh, max_seqs * seq_len, d)   # [KVH, S*L, D]
-  v = v_pages[:, page_indices].reshape(kvh, max_seqs * seq_len, d)
-
   token = jnp.arange(t)
   seq = jnp.minimum(jnp.searchsorted(cu_q_lens[1:], token, side="right"), max_seqs - 1)
   valid = token < cu_q_lens[num_seqs[0]]
   q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
   q_pos = kv_lens[seq] - q_lens[seq] + (token - cu_q_lens[seq])       # absolute position
-  key = jnp.arange(max_seqs * seq_len)
-  mask = ((key[None, :] // seq_len == seq[:, None]) & (key[None, :] % seq_len <= q_pos[:, None])
-          & valid[:, None])                                           # [T, S*L]
+  # Each token gathers its own sequence's keys: [KVH, T, L, D]. (A gather of every sequence
+  # for every token would cost max_seqs times more, which chunked prefill's wide batches feel.)
+  k = k_pages[:, page_indices[seq]].reshape(kvh, t, -1, d)
+  v = v_pages[:, page_indices[seq]].reshape(kvh, t, -1, d)
+  mask = (jnp.arange(k.shape[2])[None, :] <= q_pos[:, None]) & valid[:, None]   # [T, L]
 
   qg = q.reshape(t, kvh, h // kvh, d).astype(jnp.float32)
-  scores = jnp.einsum("tkgd,kxd->tkgx", qg, k.astype(jnp.float32)) * scale
-  out = _softmax_attend(scores, mask[:, None, None, :], v, "tkgx,kxd->tkgd")
+  scores = jnp.einsum("tkgd,ktld->tkgl", qg, k.astype(jnp.float32)) * scale
+  out = _softmax_attend(scores, mask[:, None, None, :], v, "tkgl,ktld->tkgd")
   return out.reshape(t, h, d).astype(q.dtype)
 
 
