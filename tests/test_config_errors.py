@@ -21,6 +21,17 @@ CASES = [
      "needs 10 devices, only 8 available"),
     (["--config.workload.bogus=1"],
      "config error: unknown config key 'workload.bogus' (in --config.workload.bogus=1)"),
+    (["--config.scheduler.path=shortest"],
+     "config error: scheduler.path='shortest' is not one of ['always_colocated', "
+     "'always_disagg', 'length_hybrid', 'load_hybrid']"),
+    (["--config.workload.kind=foo"],
+     "config error: workload.kind='foo' is not one of ['synthetic', 'azure', 'mooncake', "
+     "'burstgpt', 'jsonl']"),
+    (["--config.workload.kind=azure"],
+     "config error: workload.path='' is required for kind=azure"),
+    (["--config.scheduler.chunk_budget=1000"],
+     "config error: scheduler.chunk_budget=1000 must be within [1, 512] (the largest prefill "
+     "bucket)"),
     (["--config.workload.rate=abc"],
      "config error: flag --config.workload.rate=abc: could not convert string to float: 'abc'"),
 ]

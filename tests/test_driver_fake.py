@@ -8,57 +8,11 @@ import dataclasses
 
 import pytest
 
-from pdjax.kv.pages import BlockTables
-from pdjax.request import Request, SamplingParams, Status
+from pdjax.request import Status
 from pdjax.scheduler.clock import ManualClock
-from pdjax.scheduler.driver import Driver, DriverOptions
-from pdjax.scheduler.worker import Worker as _Worker
+from pdjax.scheduler.driver import Driver
 
-PREFILL_S, DECODE_S = 0.1, 0.01
-
-
-class FakePending:
-  def __init__(self, clock, seconds, tokens, error=None):
-    self.clock, self.seconds, self.tokens, self.error = clock, seconds, tokens, error
-
-  def ready(self):
-    return True   # collected in worker order; each result() advances the clock by its step
-
-  def result(self):
-    self.clock.advance(self.seconds)
-    if self.error:
-      raise self.error
-    return self.tokens
-
-
-class FakeInstance:
-  def __init__(self, name, clock, num_pages=32, page_size=4, fail_prefill=False):
-    self.name, self.clock = name, clock
-    self.tables = BlockTables(num_pages, page_size)
-    self.fail_prefill = fail_prefill
-    self.calls = []
-
-  def prefill(self, seqs):
-    self.calls.append(("prefill", [len(s[0]) for s in seqs]))
-    error = RuntimeError("device lost") if self.fail_prefill else None
-    return FakePending(self.clock, PREFILL_S, [100 + len(s[0]) for s in seqs], error)
-
-  def decode(self, seqs):
-    self.calls.append(("decode", [s[1] for s in seqs]))
-    return FakePending(self.clock, DECODE_S, [s[0] + 1 for s in seqs])
-
-
-def Worker(instance, role, max_batch=4):
-  return _Worker(instance, role, max_batch)
-
-
-OPTS = DriverOptions(token_budget=16, max_prefill_seqs=4, max_decode_batch=4, max_model_len=24,
-                     pool_pages=32, page_size=4)
-
-
-def _req(i, prompt_len, max_new, arrival=0.0, eos=()):
-  return Request(id=f"r{i}", arrival_s=arrival, prompt_ids=[7] * prompt_len,
-                 sampling=SamplingParams(max_new_tokens=max_new), eos_ids=eos)
+from fake_engine import OPTS, FakeInstance, Worker, _req, ok_transfer  # noqa: F401
 
 
 def test_colocated_single_request_times_and_tokens():
