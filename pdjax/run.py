@@ -24,11 +24,11 @@ from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, use
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "configs", "default.py")
 try:  # config_flags loads the file and applies --config.* overrides right here, at import
-  _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
+  CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
                                             "Experiment config file.", lock_config=True)
 except Exception as e:  # pylint: disable=broad-except
   fail(describe_config_flag_error(e, sys.argv))
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (default results/<config>-<time>/).")
+WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (default results/<config>-<time>/).")
 
 
 def default_workdir(config_path: str) -> str:
@@ -124,7 +124,7 @@ def main(argv) -> None:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)   # not jax's "no TPU found" chatter
   try:
-    cfg = _CONFIG.value
+    cfg = CONFIG.value
     cfg.mode  # a config file that failed to load raises here, on first use
   except OSError as e:
     fail(f"config error: cannot load --config: {first_and_last_line(str(e))}")
@@ -139,7 +139,7 @@ def main(argv) -> None:
   from pdjax.metrics.report import compare_table
 
   enable_compile_cache(cfg.compile_cache_dir)
-  workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  workdir = WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   params = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed, dtype=cfg.model.dtype)
   runs = config_lib.modes(cfg)
   summaries, results = {}, {}
@@ -174,7 +174,7 @@ def write_comparison(workdir: str, summaries: dict, results: dict) -> None:
 BENEFIT_BUCKETS = [0, 64, 128, 256, 512, 1024, 4096]
 
 
-def _parse_flags(argv):
+def parse_flags(argv):
   """absl's parser, but a bad flag or config key is one line on stderr, not a usage dump."""
   try:
     return flags.FLAGS(argv)
@@ -183,7 +183,7 @@ def _parse_flags(argv):
 
 
 def entry_point() -> None:
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -130,3 +130,26 @@ def plot_tier_timeline(steps: Sequence[dict], samples: Sequence[dict],
   axes[-1, 0].set_xlabel("time (s); gray band: engine steps")
   fig.tight_layout()
   return _save(fig, path)
+
+
+def plot_sweep_metrics(rows: Sequence[dict], path: str) -> str:
+  """Per sweep point (x: its label), one line per run: SLO attainment, TTFT p99, TPOT p99."""
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  labels = list(dict.fromkeys(r["label"] for r in rows))
+  panels = (("slo_attainment", "SLO attainment"), ("ttft_p99_ms", "TTFT p99 (ms)"),
+            ("tpot_p99_ms", "TPOT p99 (ms)"))
+  for ax, (key, title) in zip(axes, panels):
+    ax.set_title(title)
+    if not rows:
+      _note(ax)
+      continue
+    for run in dict.fromkeys(r["run"] for r in rows):
+      points = [(labels.index(r["label"]), r[key]) for r in rows
+                if r["run"] == run and r[key] is not None]
+      if points:
+        ax.plot(*zip(*points), marker="o", label=run)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+    ax.legend(fontsize=7)
+  return _save(fig, path)

@@ -1,0 +1,25 @@
+"""Plain colocated vs chunked prefill vs disaggregated over a rate sweep (same chips).
+
+Run:   python -m pdjax.sweep --config=configs/colocated_vs_disagg.py
+Expect: sweep.md with three rows per rate, plots/goodput.png (attainment vs rate per run) and
+the per-chip goodput of each run (DistServe's definition, at slo.attainment).
+"""
+
+import importlib.util
+import os
+
+_spec = importlib.util.spec_from_file_location(
+    "pdjax_default_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py"))
+default = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(default)
+
+
+def get_config(arg=None):
+  c = default.get_config(arg)
+  c.mode = "compare"
+  c.workload.num_requests = 48
+  return c
+
+
+def get_sweep():
+  return [{"workload.rate": r} for r in (2.0, 4.0, 8.0, 16.0)]
