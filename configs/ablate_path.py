@@ -6,13 +6,9 @@ Expect: one row per threshold; the seed's advice is that short prompts should no
 transfer: a middle threshold should keep TTFT low for chat without hurting documents.
 """
 
-import importlib.util
-import os
+from pdjax.config import sibling_config
 
-_spec = importlib.util.spec_from_file_location(
-    "pdjax_default_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py"))
-default = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(default)
+default = sibling_config(__file__)
 
 
 def get_config(arg=None):

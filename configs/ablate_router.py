@@ -5,13 +5,9 @@ Expect: one row per decode router; session_sticky and kv_aware keep sessions whe
 fits, least_loaded/round_robin spread them blindly.
 """
 
-import importlib.util
-import os
+from pdjax.config import sibling_config
 
-_spec = importlib.util.spec_from_file_location(
-    "pdjax_default_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py"))
-default = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(default)
+default = sibling_config(__file__)
 
 
 def get_config(arg=None):

@@ -5,13 +5,9 @@ Expect: sweep.md with one row per ratio; on a prefill-heavy mix (long documents)
 instances cut TTFT, more decode instances cut TPOT and transfer waits.
 """
 
-import importlib.util
-import os
+from pdjax.config import sibling_config
 
-_spec = importlib.util.spec_from_file_location(
-    "pdjax_default_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py"))
-default = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(default)
+default = sibling_config(__file__)
 
 
 def get_config(arg=None):

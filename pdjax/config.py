@@ -58,6 +58,21 @@ def modes(cfg) -> list[str]:
   return ["colocated", "chunked", "disaggregated"] if cfg.mode == "compare" else [cfg.mode]
 
 
+def load_config_module(path: str):
+  """Imports a config file by path (e.g. a sibling config a sweep config builds on)."""
+  import importlib.util
+  name = "pdjax_config_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def sibling_config(config_file: str, name: str = "default.py"):
+  """The config module `name` next to `config_file` (pass __file__)."""
+  return load_config_module(os.path.join(os.path.dirname(os.path.abspath(config_file)), name))
+
+
 def _check_buckets(key: str, buckets) -> None:
   ok = (len(buckets) > 0 and all(isinstance(b, int) and b > 0 for b in buckets)
         and list(buckets) == sorted(set(buckets)))

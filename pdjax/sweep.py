@@ -12,7 +12,6 @@ whose attainment >= slo.attainment, divided by the chips the run used).
 from __future__ import annotations
 
 import csv
-import importlib.util
 import os
 import sys
 
@@ -29,9 +28,7 @@ COLUMNS = ["point", "label", "run", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
 
 def load_sweep(config_path: str) -> list[dict]:
   path = config_path.split(":")[0]
-  spec = importlib.util.spec_from_file_location("sweep_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = config_lib.load_config_module(path)
   if not hasattr(module, "get_sweep"):
     raise ValueError(f"{path} defines no get_sweep()")
   return list(module.get_sweep())

@@ -18,36 +18,13 @@ import jax
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from kernels_pallas.tpu_dma import block_dma
 import jax.numpy as jnp
 
 # Target tokens per compute block when the caller does not choose.
 _DEFAULT_BLOCK_TOKENS = 256
 _F32 = lax.Precision.HIGHEST   # full float32 matmul passes on the MXU
-
-
-def _block_dma(k_hbm, v_hbm, k_buf, v_buf, sems, page_indices_ref, *,
-               seq_base, head, block, slot, num_pages, pages_per_block,
-               wait):
-  """Starts (or waits for) the DMAs of one compute block's pages into `slot`.
-
-  Only pages below `num_pages` (the pages the sequence uses) are copied; the
-  same predicate guards the waits, so every wait pairs with one started copy.
-  """
-  page_size = k_hbm.shape[2]
-  for j in range(pages_per_block):
-    pos = block * pages_per_block + j
-
-    @pl.when(pos < num_pages)
-    def _():
-      page = page_indices_ref[seq_base + pos]
-      rows = pl.ds(j * page_size, page_size)
-      for kv, (hbm, buf) in enumerate(((k_hbm, k_buf), (v_hbm, v_buf))):
-        copy = pltpu.make_async_copy(
-            hbm.at[head, page], buf.at[slot, rows], sems.at[kv, slot])
-        if wait:
-          copy.wait()
-        else:
-          copy.start()
 
 
 def _paged_attention_kernel(
@@ -75,7 +52,7 @@ def _paged_attention_kernel(
   num_pages = pl.cdiv(length, page_size)
   num_blocks = pl.cdiv(length, block_tokens)
   dma = functools.partial(
-      _block_dma, k_hbm, v_hbm, k_buf, v_buf, sems, page_indices_ref,
+      block_dma, k_hbm, v_hbm, k_buf, v_buf, sems, page_indices_ref,
       seq_base=b * pages_per_seq, head=h, num_pages=num_pages,
       pages_per_block=pages_per_block)
 

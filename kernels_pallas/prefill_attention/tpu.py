@@ -27,6 +27,8 @@ import jax
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from kernels_pallas.tpu_dma import block_dma
 import jax.numpy as jnp
 import numpy as np
 
@@ -35,31 +37,6 @@ _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 _Q_BLOCK_ROWS = 128       # target q rows (tokens x group) per program
 _KV_BLOCK_TOKENS = 128    # target kv tokens per compute block
 _F32 = lax.Precision.HIGHEST   # full float32 matmul passes on the MXU
-
-
-def _block_dma(k_hbm, v_hbm, k_buf, v_buf, sems, page_indices_ref, *,
-               seq_base, head, block, slot, num_pages, pages_per_block,
-               wait):
-  """Starts (or waits for) the DMAs of one compute block's pages into `slot`.
-
-  Only pages below `num_pages` are copied; the same predicate guards the
-  waits, so every wait pairs with one started copy.
-  """
-  page_size = k_hbm.shape[2]
-  for j in range(pages_per_block):
-    pos = block * pages_per_block + j
-
-    @pl.when(pos < num_pages)
-    def _():
-      page = page_indices_ref[seq_base + pos]
-      rows = pl.ds(j * page_size, page_size)
-      for kv, (hbm, buf) in enumerate(((k_hbm, k_buf), (v_hbm, v_buf))):
-        copy = pltpu.make_async_copy(
-            hbm.at[head, page], buf.at[slot, rows], sems.at[kv, slot])
-        if wait:
-          copy.wait()
-        else:
-          copy.start()
 
 
 def _ragged_paged_attention_kernel(
@@ -103,7 +80,7 @@ def _ragged_paged_attention_kernel(
     return kv_lens_ref[s] - (end - jnp.minimum(end, row_hi))
 
   def dma(s, block, slot, wait=False):
-    _block_dma(k_hbm, v_hbm, k_buf, v_buf, sems, page_indices_ref,
+    block_dma(k_hbm, v_hbm, k_buf, v_buf, sems, page_indices_ref,
                seq_base=s * pages_per_seq, head=h, block=block, slot=slot,
                num_pages=pl.cdiv(kv_limit(s), page_size),
                pages_per_block=pages_per_block, wait=wait)
