@@ -19,6 +19,7 @@ def get_config(arg=None):
   c.mode = "compare"                       # colocated | disaggregated | compare (all three:
                                            # colocated, chunked, disaggregated)
   c.seed = 0
+  c.backend = "jax"                        # jax (real engine) | sim (cost model, virtual clock)
   c.num_cpu_devices = 8                    # virtual devices when the platform is CPU
   c.compile_cache_dir = "~/.cache/pdjax/xla"   # JAX persistent compilation cache; "" = off
 
@@ -62,6 +63,12 @@ def get_config(arg=None):
   c.sampling = ml_collections.ConfigDict(dict(temperature=0.0))
   c.slo = ml_collections.ConfigDict(dict(ttft_s=1.0, tpot_s=0.1, attainment=0.9))
   c.progress = True
+
+  c.sim = ml_collections.ConfigDict()      # backend=sim only
+  c.sim.cost_model = "roofline"            # roofline (calibrated: next step of issue 5)
+  c.sim.hardware = "h200"                  # tpu_v5e | tpu_v5p | tpu_v6e | a100 | h100 | h200
+  c.sim.link_gbps = 0.0                    # P->D link in Gbit/s; 0 = the preset's ICI/NVLink
+  c.sim.profile = ""                       # calibrated profile JSON (cost_model=calibrated)
 
   if arg == "smoke":
     c.workload.num_requests = 8

@@ -82,6 +82,14 @@ def _check_buckets(key: str, buckets) -> None:
 def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   """Raises ConfigError on the first bad value; returns the model config."""
   _require(cfg.mode in MODES, "mode", cfg.mode, f"is not one of {list(MODES)}")
+  _require(cfg.backend in ("jax", "sim"), "backend", cfg.backend, "is not one of ['jax', 'sim']")
+  if cfg.backend == "sim":
+    from pdjax.sim.hardware import HARDWARE
+    _require(cfg.sim.cost_model == "roofline", "sim.cost_model", cfg.sim.cost_model,
+             "is not available yet (only 'roofline')")
+    _require(cfg.sim.hardware in HARDWARE, "sim.hardware", cfg.sim.hardware,
+             f"is not one of {sorted(HARDWARE)}")
+    _require(cfg.sim.link_gbps >= 0, "sim.link_gbps", cfg.sim.link_gbps, "must be >= 0")
   _require(cfg.model.dtype in ("float32", "bfloat16"), "model.dtype", cfg.model.dtype,
            "is not float32 or bfloat16")
   _require(cfg.model.attention_impl in ("auto", "pallas", "xla"), "model.attention_impl",
@@ -99,7 +107,7 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   p, d = cfg.cluster.prefill.tp, cfg.cluster.decode.tp
   _require(p % d == 0 or d % p == 0, "cluster.decode.tp", d,
            f"and cluster.prefill.tp={p}: one must divide the other to move KV")
-  if device_count is not None:
+  if device_count is not None and cfg.backend == "jax":
     for mode in sorted({RUNS[m] for m in modes(cfg)}):
       need = sum(n * tp for _, n, tp in tiers(cfg)[mode])
       if need > device_count:

@@ -58,7 +58,6 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
   trace.json); returns (summary, RunResult)."""
   from tqdm import tqdm
   from pdjax import serving
-  from pdjax.engine.cluster import build_instances
   from pdjax.metrics import plots
   from pdjax.metrics.report import write_run_files
   from pdjax.metrics.summary import summarize, summarize_extras
@@ -70,8 +69,20 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
   opts = engine_options(cfg, chunked=chunked)
   policies = policies_for(cfg, run, opts)
   mode = config_lib.RUNS[run]
-  instances = build_instances(config_lib.tiers(cfg)[mode], mcfg, host_params, opts,
-                              roles_may_change=cfg.scheduler.role_switch != "none")
+  tiers = config_lib.tiers(cfg)[mode]
+  serve_kwargs = {}
+  if cfg.backend == "sim":
+    from pdjax.scheduler.clock import ManualClock
+    from pdjax.sim.instance import build_sim_instances, sim_transfer
+    clock = ManualClock()
+    instances = build_sim_instances(tiers, mcfg, opts, hardware=cfg.sim.hardware, clock=clock,
+                                    link_gbps=cfg.sim.link_gbps,
+                                    dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4)
+    serve_kwargs = dict(clock=clock, transfer_fn=sim_transfer)
+  else:
+    from pdjax.engine.cluster import build_instances
+    instances = build_instances(tiers, mcfg, host_params, opts,
+                                roles_may_change=cfg.scheduler.role_switch != "none")
   requests, problems = load_workload(cfg.workload, seed=cfg.seed, vocab_size=mcfg.vocab_size,
                                      eos_ids=mcfg.eos_token_ids,
                                      max_model_len=cfg.kv.max_model_len,
@@ -81,7 +92,7 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
   with tqdm(total=len(requests), desc=f"{run:>13}", unit="req", disable=not cfg.progress,
             file=sys.stderr) as bar:
     result = serving.serve(mode, instances, requests, on_progress=bar.update,
-                           policies=policies)
+                           policies=policies, **serve_kwargs)
   duration = max(result.duration_s, 1e-9)
   summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,
@@ -140,7 +151,9 @@ def main(argv) -> None:
 
   enable_compile_cache(cfg.compile_cache_dir)
   workdir = WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
-  params = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed, dtype=cfg.model.dtype)
+  params = (None if cfg.backend == "sim" else
+            host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
+                        dtype=cfg.model.dtype))
   runs = config_lib.modes(cfg)
   summaries, results = {}, {}
   for run in runs:

@@ -5,8 +5,6 @@ Shared by `pdjax.run` (experiments) and `pdjax.generate` (offline generation).
 
 from __future__ import annotations
 
-from pdjax.engine.instance import Instance
-from pdjax.engine.transfer import transfer_kv
 from pdjax.request import Request
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.driver import Driver, DriverOptions, RunResult
@@ -20,25 +18,29 @@ def driver_options(opts, max_decode_batch: int) -> DriverOptions:
                        pool_pages=opts.num_pages, page_size=opts.page_size)
 
 
-def serve(mode: str, instances: list[Instance], requests: list[Request],
-          on_progress=None, policies=None) -> RunResult:
+def serve(mode: str, instances: list, requests: list[Request],
+          on_progress=None, policies=None, clock=None, transfer_fn=None) -> RunResult:
   """policies: a `pdjax.scheduler.policies.Policies` (default: least_loaded routers,
-  always_disagg, no admission control, prefill_first, no role switching)."""
+  always_disagg, no admission control, prefill_first, no role switching). clock and
+  transfer_fn default to the real engine's (wall clock, device KV transfer); the simulator
+  passes its virtual clock and simulated transfer."""
   opts = instances[0].opts
   max_batch = max(opts.decode_buckets)
   workers = [Worker(inst, inst.role, max_batch) for inst in instances]
-  driver = Driver(mode, workers, options=driver_options(opts, max_batch), clock=WallClock(),
-                  transfer_fn=transfer_kv, policies=policies)
+  if transfer_fn is None:
+    from pdjax.engine.transfer import transfer_kv as transfer_fn
+  driver = Driver(mode, workers, options=driver_options(opts, max_batch),
+                  clock=clock or WallClock(), transfer_fn=transfer_fn, policies=policies)
   result = driver.run(requests, on_progress=on_progress)
   check_end_state(result, instances)
   return result
 
 
-def kv_pages_leaked(instances: list[Instance]) -> int:
+def kv_pages_leaked(instances: list) -> int:
   return sum(inst.tables.num_used_pages for inst in instances)
 
 
-def check_end_state(result: RunResult, instances: list[Instance]) -> None:
+def check_end_state(result: RunResult, instances: list) -> None:
   """Every request terminal; every pool's free pages == total pages (reported, not hidden)."""
   open_requests = [r.id for r in result.requests if not r.status.terminal]
   if open_requests:

@@ -13,7 +13,6 @@ from the destination's (another spec or TP degree), JAX falls back to
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import jax
@@ -22,14 +21,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from pdjax.engine import batch as batch_lib
 from pdjax.engine import programs
+from pdjax.kv.transfer_result import TransferResult
 
 PAGES_SPEC = P(None, None, "tp")    # [2 (k|v), layers, kv_heads, n, page_size, head_dim]
-
-
-@dataclasses.dataclass(frozen=True)
-class TransferResult:
-  bytes: int
-  seconds: float
 
 
 def _piece_plan(src_devices, dst_tp: int):

@@ -1,4 +1,5 @@
-"""Clocks for the driver: wall time for the real engine, manual time for fake-instance tests."""
+"""Clocks for the driver: wall time for the real engine; manual (virtual) time for the simulator
+and fake-instance tests, which jumps to the next event instead of sleeping."""
 
 from __future__ import annotations
 
@@ -33,4 +34,8 @@ class ManualClock:
     self.t += dt
 
   def sleep_until(self, t: float) -> None:
+    self.t = max(self.t, t)
+
+  def advance_to(self, t: float) -> None:
+    """Virtual time jumps forward to t (never backward)."""
     self.t = max(self.t, t)

@@ -1,0 +1,84 @@
+"""A simulated instance: the real instance's narrow interface (prefill, decode, tables), with step
+durations from a cost model on a virtual clock instead of device programs.
+
+Tokens are synthetic and deterministic (a function of the sequence position, never an EOS id),
+so a simulated request runs to its max_new_tokens: traces give output lengths, not text.
+"""
+
+from __future__ import annotations
+
+from pdjax.kv.pages import BlockTables
+from pdjax.kv.transfer_result import TransferResult
+
+
+class SimPending:
+  """A step that completes at `end_s` on the virtual clock."""
+
+  def __init__(self, clock, end_s: float, tokens: list[int]):
+    self.clock, self.end_s, self.tokens = clock, end_s, tokens
+
+  def ready(self) -> bool:
+    return self.clock.now() >= self.end_s
+
+  def result(self) -> list[int]:
+    self.clock.advance_to(self.end_s)   # waiting for a step moves virtual time to its end
+    return self.tokens
+
+
+class SimInstance:
+
+  def __init__(self, name: str, role: str, cost, opts, *, clock, vocab_size: int,
+               eos_ids: tuple[int, ...] = ()):
+    """opts: the same EngineOptions the real instance takes (page geometry, buckets)."""
+    self.name, self.role, self.cost, self.opts, self.clock = name, role, cost, opts, clock
+    self.tables = BlockTables(opts.num_pages, opts.page_size)
+    self.tp = cost.tp
+    self.compiles = 0
+    self._vocab, self._eos = vocab_size, set(eos_ids)
+
+  def _token(self, length: int) -> int:
+    token = 3 + (length * 7919) % max(self._vocab - 3, 1)
+    while token in self._eos:
+      token = 3 + (token + 1) % max(self._vocab - 3, 1)
+    return token
+
+  def prefill(self, seqs) -> SimPending:
+    """seqs: (token_ids, start, pages, temperature) as on the real instance."""
+    seconds = self.cost.prefill_s([(len(ids), start) for ids, start, _, _ in seqs])
+    tokens = [self._token(start + len(ids)) for ids, start, _, _ in seqs]
+    return SimPending(self.clock, self.clock.now() + seconds, tokens)
+
+  def decode(self, seqs) -> SimPending:
+    """seqs: (last_token, position, pages, temperature) as on the real instance."""
+    seconds = self.cost.decode_s([pos + 1 for _, pos, _, _ in seqs])
+    tokens = [self._token(pos + 1) for _, pos, _, _ in seqs]
+    return SimPending(self.clock, self.clock.now() + seconds, tokens)
+
+  def kv_bytes(self, num_pages: int) -> float:
+    return num_pages * self.tables.page_size * self.cost.kv_bytes_per_token()
+
+
+def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
+                 dst_pages: list[int]):
+  """The KV transfer's cost on the virtual clock (blocking, like the real engine's)."""
+  num_bytes = src.kv_bytes(len(src_pages))
+  seconds = src.cost.transfer_s(num_bytes)
+  src.clock.advance(seconds)
+  return TransferResult(bytes=int(num_bytes), seconds=seconds)
+
+
+def build_sim_instances(tiers: list[tuple[str, int, int]], mcfg, opts, *, hardware: str,
+                        clock, link_gbps: float = 0.0, dtype_bytes: int = 2) -> list[SimInstance]:
+  """One SimInstance per (role, index) with a roofline cost for its TP degree. Needs no devices,
+  so a cluster may be larger than this machine."""
+  from pdjax.sim.hardware import HARDWARE
+  from pdjax.sim.roofline import RooflineCost
+  link = link_gbps * 1e9 / 8 if link_gbps else None
+  out = []
+  for role, count, tp in tiers:
+    cost = RooflineCost(mcfg, HARDWARE[hardware], tp, dtype_bytes=dtype_bytes,
+                        link_bytes_per_s=link)
+    for i in range(count):
+      out.append(SimInstance(f"{role}-{i}", role, cost, opts, clock=clock,
+                             vocab_size=mcfg.vocab_size, eos_ids=mcfg.eos_token_ids))
+  return out
