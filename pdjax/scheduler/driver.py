@@ -91,6 +91,11 @@ class Driver:
     self.samples: list[dict] = []
     self.role_switches: list[dict] = []
     self.preemptions = 0
+    self._terminal = 0
+
+  def _finish(self, req: Request, status: Status, now: float, reason: str = "") -> None:
+    req.finish(status, now, reason)
+    self._terminal += 1      # counted here: summing over all requests every turn is O(n^2)
 
   def tier(self, role: str) -> list[Worker]:
     return [w for w in self.workers if w.role == role and w.draining_to is None]
@@ -99,7 +104,8 @@ class Driver:
 
   def run(self, requests: list[Request], on_progress=None) -> RunResult:
     arrivals = deque(sorted(requests, key=lambda r: r.arrival_s))
-    done = 0
+    self._terminal = sum(r.status.terminal for r in requests)
+    done = self._terminal
     while True:
       self._admit(arrivals)
       self._switch_roles()
@@ -110,10 +116,9 @@ class Driver:
       inflight = [w for w in self.workers if w.inflight is not None]
       for w in self._wait_any(inflight):
         self._collect(w)
-      finished = sum(r.status.terminal for r in requests)
-      if on_progress and finished != done:
-        on_progress(finished - done)
-      done = finished
+      if on_progress and self._terminal != done:
+        on_progress(self._terminal - done)
+      done = self._terminal
       if inflight:
         continue
       if arrivals:
@@ -154,7 +159,7 @@ class Driver:
         reason = ("no instance in the " + choice.tier + " tier" if worker is None else
                   p.admission.check(req, worker, choice, self.tier("decode")))
       if reason:
-        req.finish(Status.REJECTED, now, reason)
+        self._finish(req, Status.REJECTED, now, reason)
         continue
       req.path, req.prefill_instance = choice.path, worker.name
       worker.waiting.append(req)
@@ -271,7 +276,7 @@ class Driver:
     if req in w.running:
       w.running.remove(req)
     w.tables.free(req.id)
-    req.finish(Status.FINISHED, now)
+    self._finish(req, Status.FINISHED, now)
     return True
 
   # ---- KV transfer and role switching (disaggregated) --------------------------------------
@@ -297,7 +302,7 @@ class Driver:
         self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
         src.tables.free(r.id)
         dst.tables.free(r.id)
-        r.finish(Status.FAILED, now,
+        self._finish(r, Status.FAILED, now,
                  f"kv transfer {src.name}->{dst.name} failed: {type(e).__name__}: {e}")
         continue
       src.tables.free(r.id)
@@ -332,7 +337,7 @@ class Driver:
           queue.remove(r)
       if r.id in w.tables.seq_ids:
         w.tables.free(r.id)
-      r.finish(Status.FAILED, now, reason)
+      self._finish(r, Status.FAILED, now, reason)
 
   def _fail_stalled(self, requests: list[Request]) -> None:
     now = self.clock.now()
@@ -347,4 +352,4 @@ class Driver:
     self.transfer_queue.clear()
     for r in requests:
       if not r.status.terminal:
-        r.finish(Status.FAILED, now, "scheduler stalled: no step in flight and none possible")
+        self._finish(r, Status.FAILED, now, "scheduler stalled: no step in flight and none possible")
