@@ -157,9 +157,3 @@ class Instance:
   def _next_step(self) -> int:
     self._steps += 1
     return self._steps
-
-  # ---- accounting --------------------------------------------------------------------------
-
-  def kv_bytes_per_page(self) -> int:
-    layers, kvh, _, ps, d = self.kv_pool_shape
-    return 2 * layers * kvh * ps * d * self.dtype.itemsize
