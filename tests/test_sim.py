@@ -102,3 +102,30 @@ def test_run_cli_sim_backend_is_byte_identical(tmp_path):
   assert outs[0] == outs[1]
   summary = json.loads((tmp_path / "a" / "disaggregated" / "summary.json").read_text())
   assert summary["requests"]["finished"] == 8 and summary["compiles"] == 0
+
+
+def test_idle_workers_are_not_replanned_every_turn():
+  """Event-driven dispatch: 8 workers, one request of 4 tokens. The first turn plans on every
+  worker; after that only the worker whose step ended plans again (prefill, 3 decodes, then an
+  empty plan once the request is done): 8 + 4 plans, not 8 per loop turn."""
+  from pdjax.scheduler import policies as policy_lib
+  from pdjax.scheduler.driver import Driver, DriverOptions
+  from pdjax.scheduler.worker import Worker
+  clock = ManualClock()
+  opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(512,),
+                       max_prefill_seqs=4, decode_buckets=(16,))
+  insts = build_sim_instances([("colocated", 8, 1)], PRESETS["tiny"], opts, hardware="a100",
+                              clock=clock)
+  names = dict(prefill_router="round_robin", decode_router="round_robin", path="always_disagg",
+               admission="none", colocated_policy="prefill_first", role_switch="none")
+  policies = policy_lib.build(names, dict(token_budget=512, max_prefill_seqs=4))
+  plans = []
+  real_plan = policies.step.plan
+  policies.step.plan = lambda w, admit: plans.append(w.name) or real_plan(w, admit)
+  driver = Driver("colocated", [Worker(i, i.role, 16) for i in insts], clock=clock,
+                  options=serving.driver_options(opts, 16), policies=policies)
+  req = Request(id="r0", arrival_s=0.0, prompt_ids=[5] * 20,
+                sampling=SamplingParams(max_new_tokens=4))
+  result = driver.run([req])
+  assert result.requests[0].status == Status.FINISHED and len(req.output_ids) == 4
+  assert plans == [f"colocated-{i}" for i in range(8)] + ["colocated-0"] * 4

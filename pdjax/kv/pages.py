@@ -130,6 +130,13 @@ class BlockTables:
     self.allocator.free(table)
     del self._tables[seq_id]
 
+  def __contains__(self, seq_id: str) -> bool:
+    return seq_id in self._tables
+
+  def __len__(self) -> int:
+    """Sequences holding pages."""
+    return len(self._tables)
+
   @property
   def seq_ids(self) -> list[str]:
     return list(self._tables)

@@ -13,8 +13,12 @@
     role-switch policy ─► drain a worker, then move it between the prefill and decode tiers
 
 Each worker has at most one step in flight. A loop turn dispatches a step on every idle worker
-(JAX dispatch is asynchronous, so steps on different sub-meshes run at once), then collects
-whichever steps are done, polling, so a short decode step is not held behind a long prefill.
+whose state changed since it last planned (JAX dispatch is asynchronous, so steps on different
+sub-meshes run at once), then collects whichever steps are done, polling, so a short decode step
+is not held behind a long prefill. Step policies read only their own worker, so an idle worker
+that planned nothing stays idle until something touches it (a request queued or transferred in,
+its pages freed, its step collected, its role switched): the loop's cost follows events, not
+workers, which is what lets the simulator run 64-instance clusters quickly.
 Host logic only: instances are passed in; tests drive this loop with fake instances.
 """
 
@@ -92,13 +96,27 @@ class Driver:
     self.role_switches: list[dict] = []
     self.preemptions = 0
     self._terminal = 0
+    self._touched = set(range(len(workers)))   # idle workers to plan on the next turn
+    self._index = {id(w): i for i, w in enumerate(workers)}
+    self._tiers: dict[str, list[Worker]] | None = None
+    self._draining: list[Worker] = []
+
+  def _touch(self, w: Worker) -> None:
+    self._touched.add(self._index[id(w)])
 
   def _finish(self, req: Request, status: Status, now: float, reason: str = "") -> None:
     req.finish(status, now, reason)
     self._terminal += 1      # counted here: summing over all requests every turn is O(n^2)
 
   def tier(self, role: str) -> list[Worker]:
-    return [w for w in self.workers if w.role == role and w.draining_to is None]
+    """The workers serving `role` now (not draining), in worker order; cached until a role
+    switch starts or ends. Policies must not modify the list."""
+    if self._tiers is None:
+      self._tiers = {}
+      for w in self.workers:
+        if w.draining_to is None:
+          self._tiers.setdefault(w.role, []).append(w)
+    return self._tiers.get(role, [])
 
   # ---- the loop ----------------------------------------------------------------------------
 
@@ -110,9 +128,10 @@ class Driver:
       self._admit(arrivals)
       self._switch_roles()
       self._start_transfers()
-      for w in self.workers:
-        if w.inflight is None:
-          self._dispatch(w)
+      touched, self._touched = sorted(self._touched), set()
+      for i in touched:                # worker order, as the policies' tie-breaks expect
+        if self.workers[i].inflight is None:
+          self._dispatch(self.workers[i])
       inflight = [w for w in self.workers if w.inflight is not None]
       for w in self._wait_any(inflight):
         self._collect(w)
@@ -132,16 +151,18 @@ class Driver:
 
   def _wait_any(self, inflight: list[Worker]) -> list[Worker]:
     """The in-flight workers whose step is done, polling until at least one is."""
-    while inflight:
+    if not inflight:
+      return []
+    ends = [getattr(w.inflight.pending, "end_s", None) for w in inflight]
+    if hasattr(self.clock, "advance_to") and None not in ends:
+      self.clock.advance_to(min(ends))   # virtual time: jump to the next step's end
+      now = self.clock.now()
+      return [w for w, end in zip(inflight, ends) if end <= now]
+    while True:
       ready = [w for w in inflight if w.inflight.pending.ready()]
       if ready:
         return ready
-      ends = [getattr(w.inflight.pending, "end_s", None) for w in inflight]
-      if hasattr(self.clock, "advance_to") and None not in ends:
-        self.clock.advance_to(min(ends))   # virtual time: jump to the next step's end
-      else:
-        time.sleep(POLL_S)
-    return []
+      time.sleep(POLL_S)
 
   def _admit(self, arrivals: deque[Request]) -> None:
     now = self.clock.now()
@@ -163,6 +184,7 @@ class Driver:
         continue
       req.path, req.prefill_instance = choice.path, worker.name
       worker.waiting.append(req)
+      self._touch(worker)
 
   # ---- steps -------------------------------------------------------------------------------
 
@@ -199,7 +221,7 @@ class Driver:
       self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
 
   def _allocate_prefill(self, w: Worker, r: Request) -> bool:
-    if r.id in w.tables.seq_ids:
+    if r.id in w.tables:
       return True
     if not w.tables.can_allocate(r.prefill_len):
       return False
@@ -235,6 +257,7 @@ class Driver:
 
   def _collect(self, w: Worker) -> None:
     step, w.inflight = w.inflight, None
+    self._touch(w)
     plan = step.plan
     try:
       tokens = step.pending.result()
@@ -302,10 +325,13 @@ class Driver:
         self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
         src.tables.free(r.id)
         dst.tables.free(r.id)
+        self._touch(src)
         self._finish(r, Status.FAILED, now,
                  f"kv transfer {src.name}->{dst.name} failed: {type(e).__name__}: {e}")
         continue
       src.tables.free(r.id)
+      self._touch(src)
+      self._touch(dst)
       r.transfer_end_s = self.clock.now()
       r.transfer_bytes, r.transfer_s = result.bytes, result.seconds
       self.transfers.append({"bytes": result.bytes, "seconds": result.seconds, "ok": True})
@@ -320,22 +346,27 @@ class Driver:
                                                     self.tier("decode"),
                                                     len(self.transfer_queue)):
       if w.draining_to is None and role != w.role:
-        w.draining_to = role
-    for w in self.workers:
-      if w.draining_to and w.drained() and not w.tables.seq_ids:
+        w.draining_to, self._tiers = role, None
+        self._draining.append(w)
+        self._touch(w)
+    for w in list(self._draining):
+      if w.drained() and not len(w.tables):
         self.role_switches.append({"t": now, "instance": w.name, "from": w.role,
                                    "to": w.draining_to})
-        w.role, w.draining_to = w.draining_to, None
+        w.role, w.draining_to, self._tiers = w.draining_to, None, None
+        self._draining.remove(w)
+        self._touch(w)
 
   # ---- failure paths -----------------------------------------------------------------------
 
   def _fail_plan(self, w: Worker, plan: StepPlan, reason: str) -> None:
     now = self.clock.now()
+    self._touch(w)
     for r in [req for req, _, _ in plan.chunks] + plan.decodes:
       for queue in (w.waiting, w.running):
         if r in queue:
           queue.remove(r)
-      if r.id in w.tables.seq_ids:
+      if r.id in w.tables:
         w.tables.free(r.id)
       self._finish(r, Status.FAILED, now, reason)
 
@@ -343,7 +374,7 @@ class Driver:
     now = self.clock.now()
     for w in self.workers:
       for r in list(w.waiting) + w.running:
-        if r.id in w.tables.seq_ids:
+        if r.id in w.tables:
           w.tables.free(r.id)
       w.waiting.clear()
       w.running.clear()

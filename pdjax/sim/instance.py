@@ -38,7 +38,7 @@ class SimInstance:
 
   def _token(self, length: int) -> int:
     token = 3 + (length * 7919) % max(self._vocab - 3, 1)
-    while token in self._eos:
+    while self._eos and token in self._eos:
       token = 3 + (token + 1) % max(self._vocab - 3, 1)
     return token
 

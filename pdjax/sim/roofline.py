@@ -17,6 +17,7 @@ The efficiency factors and the fixed per-step overhead are the calibration knobs
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from pdjax.models.llama_config import LlamaConfig
 from pdjax.sim.hardware import Hardware
@@ -34,14 +35,14 @@ class RooflineCost:
   link_bytes_per_s: float | None = None
   link_latency_s: float = 1e-5
 
-  @property
+  @functools.cached_property
   def matmul_params(self) -> int:
     c = self.cfg
     attn = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
     mlp = 3 * c.hidden_size * c.intermediate_size
     return c.num_layers * (attn + mlp) + c.hidden_size * c.vocab_size
 
-  @property
+  @functools.cached_property
   def weight_bytes(self) -> float:
     return (self.matmul_params + self.cfg.hidden_size * self.cfg.vocab_size) * self.dtype_bytes
 
