@@ -10,7 +10,7 @@ import sys
 import time
 
 from pdjax import serving
-from pdjax.engine.instance import EngineOptions
+from pdjax.engine.options import EngineOptions
 from pdjax.models.llama_config import PRESETS
 from pdjax.request import Request, SamplingParams
 from pdjax.scheduler.clock import ManualClock

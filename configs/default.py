@@ -65,10 +65,10 @@ def get_config(arg=None):
   c.progress = True
 
   c.sim = ml_collections.ConfigDict()      # backend=sim only
-  c.sim.cost_model = "roofline"            # roofline (calibrated: next step of issue 5)
+  c.sim.cost_model = "roofline"            # roofline (hardware preset) | calibrated (sim.profile)
   c.sim.hardware = "h200"                  # tpu_v5e | tpu_v5p | tpu_v6e | a100 | h100 | h200
   c.sim.link_gbps = 0.0                    # P->D link in Gbit/s; 0 = the preset's ICI/NVLink
-  c.sim.profile = ""                       # calibrated profile JSON (cost_model=calibrated)
+  c.sim.profile = ""                       # calibrated profile JSON; "" = the shipped CPU one
 
   if arg == "smoke":
     c.workload.num_requests = 8

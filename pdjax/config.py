@@ -79,14 +79,36 @@ def _check_buckets(key: str, buckets) -> None:
   _require(ok, key, tuple(buckets), "must be positive integers in increasing order")
 
 
+DEFAULT_PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sim", "profiles",
+                               "cpu_tiny_float32.json")
+
+
+def sim_profile(cfg, mcfg: LlamaConfig) -> dict | None:
+  """The calibrated profile a sim run uses (sim.profile, or the shipped CPU profile), checked
+  against the run's model, dtype and TP degrees; None for the roofline model."""
+  if cfg.backend != "sim" or cfg.sim.cost_model != "calibrated":
+    return None
+  import dataclasses
+  from pdjax.sim import calibrated
+  path = cfg.sim.profile or DEFAULT_PROFILE
+  try:
+    profile = calibrated.load_profile(path)
+    used = {tp for run in modes(cfg) for _, _, tp in tiers(cfg)[RUNS[run]]}
+    calibrated.check_profile(profile, path, model=dataclasses.asdict(mcfg),
+                             dtype=cfg.model.dtype, tps=used)
+  except calibrated.ProfileError as e:
+    raise ConfigError(str(e)) from None
+  return profile
+
+
 def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   """Raises ConfigError on the first bad value; returns the model config."""
   _require(cfg.mode in MODES, "mode", cfg.mode, f"is not one of {list(MODES)}")
   _require(cfg.backend in ("jax", "sim"), "backend", cfg.backend, "is not one of ['jax', 'sim']")
   if cfg.backend == "sim":
     from pdjax.sim.hardware import HARDWARE
-    _require(cfg.sim.cost_model == "roofline", "sim.cost_model", cfg.sim.cost_model,
-             "is not available yet (only 'roofline')")
+    _require(cfg.sim.cost_model in ("roofline", "calibrated"), "sim.cost_model",
+             cfg.sim.cost_model, "is not one of ['calibrated', 'roofline']")
     _require(cfg.sim.hardware in HARDWARE, "sim.hardware", cfg.sim.hardware,
              f"is not one of {sorted(HARDWARE)}")
     _require(cfg.sim.link_gbps >= 0, "sim.link_gbps", cfg.sim.link_gbps, "must be >= 0")
@@ -115,6 +137,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
                            for role, n, tp in tiers(cfg)[mode])
         raise ConfigError(f"{parts} needs {need} devices, only {device_count} available")
 
+  if cfg.backend == "sim" and cfg.sim.cost_model == "calibrated":
+    sim_profile(cfg, mcfg)
   kv = cfg.kv
   _require(kv.page_size >= 1, "kv.page_size", kv.page_size, "must be >= 1")
   _require(kv.max_model_len >= 1, "kv.max_model_len", kv.max_model_len, "must be >= 1")

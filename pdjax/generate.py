@@ -78,7 +78,7 @@ def main(argv) -> None:
   use_cpu_devices(8)
   from pdjax import serving
   from pdjax.engine.cluster import build_instances, enable_compile_cache, host_params
-  from pdjax.engine.instance import EngineOptions
+  from pdjax.engine.options import EngineOptions
   from pdjax.request import Request, SamplingParams
 
   enable_compile_cache(_CACHE.value)

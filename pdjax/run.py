@@ -19,6 +19,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from pdjax import config as config_lib
+from pdjax.engine import options as options_lib
 from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, use_cpu_devices
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -66,7 +67,7 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
 
   chunked = run == "chunked" or (run == "colocated" and
                                  cfg.scheduler.colocated_policy == "chunked_prefill")
-  opts = engine_options(cfg, chunked=chunked)
+  opts = options_lib.engine_options(cfg, chunked=chunked)
   policies = policies_for(cfg, run, opts)
   mode = config_lib.RUNS[run]
   tiers = config_lib.tiers(cfg)[mode]
@@ -77,7 +78,8 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
     clock = ManualClock()
     instances = build_sim_instances(tiers, mcfg, opts, hardware=cfg.sim.hardware, clock=clock,
                                     link_gbps=cfg.sim.link_gbps,
-                                    dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4)
+                                    dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
+                                    profile=config_lib.sim_profile(cfg, mcfg))
     serve_kwargs = dict(clock=clock, transfer_fn=sim_transfer)
   else:
     from pdjax.engine.cluster import build_instances
@@ -112,22 +114,6 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
   write_chrome_trace(os.path.join(workdir, "trace.json"), requests=result.requests,
                      steps=result.steps, role_switches=result.role_switches)
   return summary, result
-
-
-def engine_options(cfg, chunked: bool = False):
-  """Chunked prefill packs every running decode plus a chunk into one ragged step, so its
-  ragged program holds up to max_decode_batch + 1 sequences."""
-  from pdjax.engine.instance import EngineOptions
-  max_seqs = cfg.scheduler.max_prefill_seqs
-  if chunked:
-    max_seqs = max(max_seqs, max(cfg.scheduler.decode_buckets) + 1)
-  return EngineOptions(page_size=cfg.kv.page_size, num_pages=cfg.kv.pages_per_instance,
-                       max_model_len=cfg.kv.max_model_len,
-                       prefill_buckets=tuple(cfg.scheduler.prefill_buckets),
-                       max_prefill_seqs=max_seqs,
-                       decode_buckets=tuple(cfg.scheduler.decode_buckets),
-                       dtype=cfg.model.dtype, seed=cfg.seed,
-                       attention_impl=cfg.model.attention_impl)
 
 
 def main(argv) -> None:

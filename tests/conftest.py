@@ -43,7 +43,7 @@ def hf_llama(tmp_path_factory):
 
 
 def tiny_engine_options(**overrides):
-  from pdjax.engine.instance import EngineOptions
+  from pdjax.engine.options import EngineOptions
   kw = dict(page_size=8, num_pages=48, max_model_len=96, prefill_buckets=(32, 128),
             max_prefill_seqs=4, decode_buckets=(4, 8), dtype="float32", seed=0)
   kw.update(overrides)

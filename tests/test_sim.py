@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pdjax import serving
-from pdjax.engine.instance import EngineOptions
+from pdjax.engine.options import EngineOptions
 from pdjax.models.llama_config import LlamaConfig, PRESETS
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.scheduler.clock import ManualClock

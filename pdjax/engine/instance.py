@@ -9,7 +9,6 @@ executables, so the steady state cannot recompile (a shape outside the buckets r
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -20,35 +19,10 @@ from pdjax.engine import attention as attn_lib
 from pdjax.engine import batch as batch_lib
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
+from pdjax.engine.options import EngineOptions  # noqa: F401  (re-exported)
 from pdjax.kv.pages import BlockTables
 from pdjax.models.llama import Llama
 from pdjax.models.llama_config import LlamaConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineOptions:
-  page_size: int
-  num_pages: int
-  max_model_len: int
-  prefill_buckets: tuple[int, ...]     # packed prompt tokens per prefill step
-  max_prefill_seqs: int
-  decode_buckets: tuple[int, ...]      # sequences per decode step
-  dtype: str = "float32"
-  seed: int = 0
-  attention_impl: str = "auto"         # "auto" | "pallas" | "xla" (model.attention_impl)
-
-  @property
-  def pages_per_seq(self) -> int:
-    return -(-self.max_model_len // self.page_size)
-
-  @property
-  def transfer_buckets(self) -> tuple[int, ...]:
-    """Powers of two up to pages_per_seq: a transfer moves at most 2x the pages it needs."""
-    out, n = [], 1
-    while n < self.pages_per_seq:
-      out.append(n)
-      n *= 2
-    return tuple(out) + (self.pages_per_seq,)
 
 
 class PendingTokens:

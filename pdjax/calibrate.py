@@ -1,0 +1,346 @@
+"""Measures the real engine's step times and fits the simulator's calibrated cost model.
+
+  python -m pdjax.calibrate                                  # configs/default.py, this machine
+  python -m pdjax.calibrate --config=my.py --out=h200_llama8b.json --repeats=7
+
+Builds one prefill and one decode instance at the config's TP degrees (and a colocated one when
+its TP differs), warms every program, then times, per TP degree, a grid of prefill steps (each
+token bucket half and fully used, as one sequence, as several, and after a cached prefix),
+decode steps (each batch bucket half and full, at short, middle and full contexts) and KV
+transfers (every transfer bucket). Each point is the median of --repeats runs from dispatch to
+result, as the driver sees a step. Fits are in `pdjax.sim.calibrated`; the JSON keeps the raw
+points and each fit's mean relative error. On a GPU or TPU the same command profiles that
+hardware.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import statistics
+import sys
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from pdjax import config as config_lib
+from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, use_cpu_devices
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "configs", "default.py")
+try:
+  CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
+                                            "Config whose model, engine and TP to calibrate.",
+                                            lock_config=True)
+except Exception as e:  # pylint: disable=broad-except
+  fail(describe_config_flag_error(e, sys.argv))
+OUT = flags.DEFINE_string("out", None, "Profile JSON to write (default "
+                          "profiles/<backend>_<model>_<dtype>.json).")
+REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per grid point (median kept).")
+
+
+def _median_s(call, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def prefill_grid(opts) -> list[list[tuple[int, int]]]:
+  """Steps as (new tokens q, cached tokens c) per sequence, within the engine's limits."""
+  limit = opts.max_model_len - 1
+  steps = []
+  for bucket in opts.prefill_buckets:
+    for n in sorted({bucket // 2 + 1, bucket}):
+      if n <= limit:
+        steps.append([(n, 0)])
+      k = min(opts.max_prefill_seqs, 4)
+      if n // k >= 1:
+        steps.append([(n // k, 0)] * k)
+      if n // 2 + min(256, limit - n // 2) <= limit:
+        steps.append([(n // 2, min(256, limit - n // 2))])
+  return steps
+
+
+def decode_grid(opts) -> list[list[int]]:
+  """Contexts per decode step; the longest context at a batch size is the one whose pages fit
+  the pool."""
+  steps = []
+  for bucket in opts.decode_buckets:
+    for batch in sorted({bucket // 2 + 1, bucket}):
+      fits = (opts.num_pages // batch) * opts.page_size - 1
+      for ctx in sorted({16, opts.max_model_len // 2, opts.max_model_len - 1}):
+        steps.append([min(ctx, fits)] * batch)
+  return [list(s) for s in dict.fromkeys(tuple(s) for s in steps)]
+
+
+def _with_pages(inst, lengths: list[int], fn):
+  ids = [f"calib-{i}" for i in range(len(lengths))]
+  tables = [inst.tables.allocate(i, n) for i, n in zip(ids, lengths)]
+  try:
+    return fn(tables)
+  finally:
+    for i in ids:
+      inst.tables.free(i)
+
+
+def measure_instance(inst, opts, repeats: int, vocab: int) -> dict:
+  from pdjax.sim.calibrated import attention_pairs, fit_step
+  from pdjax.engine.batch import pick_bucket
+  points = {"prefill": [], "decode": []}
+  for chunks in prefill_grid(opts):
+    def step(tables, chunks=chunks):
+      seqs = [([3 + (7 * j) % (vocab - 3) for j in range(q)], c, t, 0.0)
+              for (q, c), t in zip(chunks, tables)]
+      return _median_s(lambda: inst.prefill(seqs).result(), repeats)
+    seconds = _with_pages(inst, [q + c for q, c in chunks], step)
+    padded = pick_bucket(opts.prefill_buckets, sum(q for q, _ in chunks))
+    points["prefill"].append({"chunks": chunks, "x": [padded, attention_pairs(chunks)],
+                              "seconds": seconds})
+  for contexts in decode_grid(opts):
+    def step(tables, contexts=contexts):
+      seqs = [(5, ctx - 1, t, 0.0) for ctx, t in zip(contexts, tables)]
+      return _median_s(lambda: inst.decode(seqs).result(), repeats)
+    seconds = _with_pages(inst, contexts, step)
+    padded = pick_bucket(opts.decode_buckets, len(contexts))
+    points["decode"].append({"contexts": [contexts[0], len(contexts)],
+                             "x": [padded, sum(contexts)], "seconds": seconds})
+  out = {}
+  for kind in ("prefill", "decode"):
+    fit, err = fit_step([(*p["x"], p["seconds"]) for p in points[kind]])
+    out[kind] = fit.to_json()
+    out.setdefault("mean_rel_error", {})[kind] = round(err, 4)
+  out["points"] = points
+  return out
+
+
+def measure_sharing(instances, opts, repeats: int) -> dict:
+  """How instances sharing a host slow each other: the duration of one step (a middle prefill
+  bucket; a half-full decode batch at half the context) on instance 0 while n_p other
+  instances keep running prefill steps and n_d others decode steps (re-dispatched as they end,
+  like the driver), over its duration alone. Returns {"prefill": table, "decode": table} with
+  table[n_p][n_d]. ~1.0 everywhere when each instance has chips of its own."""
+  from pdjax.engine.batch import pick_bucket
+  bucket = opts.prefill_buckets[len(opts.prefill_buckets) // 2]
+  batch = pick_bucket(opts.decode_buckets, max(1, opts.decode_buckets[-1] // 2))
+  ctx = min(opts.max_model_len // 2, (opts.num_pages // batch) * opts.page_size - 1)
+
+  def caller(inst, kind, tables):
+    if kind == "prefill":
+      return lambda: inst.prefill([([7] * bucket, 0, tables[0], 0.0)])
+    return lambda: inst.decode([(5, ctx - 1, t, 0.0) for t in tables])
+
+  def timed(group):   # group: [(instance, kind, tables)]; the first is the subject
+    calls = [caller(*g) for g in group]
+    durations = []
+    for _ in range(repeats):
+      background = [c() for c in calls[1:]]
+      start = time.perf_counter()
+      subject = calls[0]()
+      while not subject.ready():
+        for i, pending in enumerate(background):
+          if pending.ready():
+            pending.result()
+            background[i] = calls[i + 1]()
+        time.sleep(0.0002)
+      durations.append(time.perf_counter() - start)
+      subject.result()
+      for pending in background:
+        pending.result()
+    return statistics.median(durations)
+
+  others = len(instances) - 1
+  tables = {}
+  for kind in ("prefill", "decode"):
+    rows = []
+    for n_p in range(others + 1):
+      row = []
+      for n_d in range(others + 1 - n_p):
+        kinds = [kind] + ["prefill"] * n_p + ["decode"] * n_d
+        lengths = {"prefill": [bucket], "decode": [ctx] * batch}
+        seconds = _with_pages_each(instances[:len(kinds)], [lengths[k] for k in kinds],
+                                   lambda t, kinds=kinds: timed(
+                                       [(i, k, tt) for i, k, tt in
+                                        zip(instances, kinds, t)]))
+        row.append(seconds)
+      rows.append(row)
+    alone = rows[0][0]
+    tables[kind] = [[round(v / alone, 4) for v in row] for row in rows]
+  return tables
+
+
+def _with_pages_each(instances, lengths_each: list[list[int]], fn):
+  """fn(tables per instance) with lengths_each[i]'s sequences allocated on instances[i]."""
+  if not instances:
+    return fn([])
+  return _with_pages(instances[0], lengths_each[0],
+                     lambda t: _with_pages_each(instances[1:], lengths_each[1:],
+                                                lambda rest: fn([t] + rest)))
+
+
+def measure_transfer(src, dst, opts, repeats: int) -> tuple[dict, float, list]:
+  from pdjax.engine.transfer import transfer_kv
+  from pdjax.sim.calibrated import fit_step
+  points = []
+  for n in opts.transfer_buckets:
+    def move(tables, n=n):
+      src_pages, dst_pages = tables
+      nbytes = []
+      seconds = _median_s(lambda: nbytes.append(transfer_kv(src, src_pages, dst, dst_pages).bytes),
+                          repeats)
+      return seconds, nbytes[-1]
+    src_ids = src.tables.allocate("calib-src", n * opts.page_size)
+    try:
+      seconds, nbytes = _with_pages(dst, [n * opts.page_size],
+                                    lambda t: move((src_ids, t[0])))
+    finally:
+      src.tables.free("calib-src")
+    points.append({"pages": n, "x": [nbytes, 0], "seconds": seconds})
+  fit, err = fit_step([(*p["x"], p["seconds"]) for p in points])
+  return fit.to_json(), err, points
+
+
+def step_means(steps: list[dict]) -> dict[str, float]:
+  """Mean step duration per kind ("decode"; "prefill" covers prefill and mixed steps)."""
+  sums: dict[str, list[float]] = {}
+  for step in steps:
+    kind = "decode" if step["kind"] == "decode" else "prefill"
+    sums.setdefault(kind, []).append(step["end_s"] - step["start_s"])
+  return {k: statistics.fmean(v) for k, v in sums.items()}
+
+
+def measure_in_situ(cfg, mcfg, instances, opts, profile: dict) -> dict:
+  """What the isolated grid misses (the driver's own CPU use, transfers, interleaving): serve
+  a calibration workload (the config's, seed + 1, 32 requests, disaggregated) on the real
+  instances, replay it on the simulator with this profile, and keep per step kind the ratio of
+  real to simulated mean step time. Validation must use other workloads."""
+  from pdjax import serving
+  from pdjax.scheduler.clock import ManualClock
+  from pdjax.sim.instance import build_sim_instances, sim_transfer
+  from pdjax.workload.loader import load_workload
+  w = cfg.workload.copy_and_resolve_references()
+  with w.unlocked():
+    w.num_requests, w.ignore_eos = min(w.num_requests, 32), True
+  def requests():
+    return load_workload(w, seed=cfg.seed + 1, vocab_size=mcfg.vocab_size,
+                         eos_ids=mcfg.eos_token_ids, max_model_len=opts.max_model_len)[0]
+  real = serving.serve("disaggregated", instances, requests())
+  clock = ManualClock()
+  tiers = [(i.role, 1, i.tp) for i in instances]
+  sims = build_sim_instances(tiers, mcfg, opts, hardware="h200", clock=clock, profile=profile)
+  sim = serving.serve("disaggregated", sims, requests(), clock=clock, transfer_fn=sim_transfer)
+  real_means, sim_means = step_means(real.steps), step_means(sim.steps)
+  return {k: round(real_means[k] / sim_means[k], 4) for k in sorted(real_means)
+          if k in sim_means}
+
+
+def calibrate(cfg, mcfg, repeats: int) -> dict:
+  import jax
+  from pdjax.engine.cluster import build_instances, host_params
+  from pdjax.sim import calibrated
+  from pdjax.engine.options import engine_options
+  opts = engine_options(cfg, chunked=True)   # ragged programs wide enough for mixed steps
+  c = cfg.cluster
+  tiers = [("prefill", c.prefill.instances, c.prefill.tp),
+           ("decode", c.decode.instances, c.decode.tp)]
+  if sum(n * tp for _, n, tp in tiers) > jax.device_count():
+    tiers = [("prefill", 1, c.prefill.tp), ("decode", 1, c.decode.tp)]   # one per TP degree
+  if c.colocated.tp not in (c.prefill.tp, c.decode.tp):
+    tiers.append(("colocated", 1, c.colocated.tp))
+  params = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed, dtype=cfg.model.dtype)
+  instances = build_instances(tiers, mcfg, params, opts)
+  by_tp = {}
+  for inst in instances:
+    if inst.tp not in by_tp:
+      print(f"calibrating tp={inst.tp} steps on {inst.name}", file=sys.stderr)
+      by_tp[inst.tp] = measure_instance(inst, opts, repeats, mcfg.vocab_size)
+  print(f"calibrating kv transfer tp={c.prefill.tp} -> tp={c.decode.tp}", file=sys.stderr)
+  src = next(i for i in instances if i.role == "prefill")
+  dst = next(i for i in instances if i.role == "decode")
+  transfer, err, points = measure_transfer(src, dst, opts, repeats)
+  same_tp = [i for i in instances if i.tp == instances[0].tp]
+  print(f"calibrating host sharing over {len(same_tp)} instances", file=sys.stderr)
+  sharing = measure_sharing(same_tp, opts, repeats)
+  for fits in by_tp.values():   # one measured link serves every TP's entry
+    fits["transfer"] = transfer
+    fits["mean_rel_error"]["transfer"] = round(err, 4)
+    fits["points"]["transfer"] = points
+  device = jax.devices()[0]
+  profile = {
+      "format": calibrated.FORMAT,
+      "model": dataclasses.asdict(mcfg), "model_name": cfg.model.checkpoint or cfg.model.preset,
+      "dtype": cfg.model.dtype, "attention_impl": cfg.model.attention_impl,
+      "kv_bytes_per_token": 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim
+                            * jax.numpy.dtype(cfg.model.dtype).itemsize,
+      "hardware": {"backend": jax.default_backend(), "device_kind": device.device_kind,
+                   "devices": jax.device_count(), "host_cpus": os.cpu_count(),
+                   "processor": platform.machine()},
+      "jax_version": jax.__version__, "created": time.strftime("%Y-%m-%d"),
+      "engine": {"page_size": opts.page_size, "num_pages": opts.num_pages,
+                 "max_model_len": opts.max_model_len, "max_prefill_seqs": opts.max_prefill_seqs,
+                 "prefill_buckets": list(opts.prefill_buckets),
+                 "decode_buckets": list(opts.decode_buckets),
+                 "transfer_buckets": list(opts.transfer_buckets)},
+      "transfer_measured": f"tp{c.prefill.tp}->tp{c.decode.tp}",
+      "repeats": repeats,
+      "instances": {str(tp): fits for tp, fits in sorted(by_tp.items())},
+      "host_sharing": sharing,
+  }
+  print("calibrating in situ (a served workload, real vs simulated step times)", file=sys.stderr)
+  profile["in_situ_scale"] = measure_in_situ(cfg, mcfg, instances, opts, profile)
+  return profile
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  logging.set_verbosity(logging.WARNING)
+  try:
+    cfg = CONFIG.value
+    cfg.mode
+  except OSError as e:
+    fail(f"config error: cannot load --config: {first_and_last_line(str(e))}")
+  if REPEATS.value < 1:
+    fail(f"config error: --repeats={REPEATS.value} must be >= 1")
+  try:
+    mcfg = config_lib.validate(cfg)
+    use_cpu_devices(cfg.num_cpu_devices)
+    import jax
+    c = cfg.cluster
+    need = c.prefill.tp + c.decode.tp + (0 if c.colocated.tp in (c.prefill.tp, c.decode.tp)
+                                         else c.colocated.tp)
+    if need > jax.device_count():
+      raise config_lib.ConfigError(f"calibration needs {need} devices (one instance per TP "
+                                   f"degree), only {jax.device_count()} available")
+  except config_lib.ConfigError as e:
+    fail(f"config error: {e}")
+  from pdjax.engine.cluster import enable_compile_cache
+  from pdjax.sim.calibrated import save_profile
+  enable_compile_cache(cfg.compile_cache_dir)
+  profile = calibrate(cfg, mcfg, REPEATS.value)
+  out = OUT.value or os.path.join(
+      "profiles", f"{profile['hardware']['backend']}_{os.path.basename(profile['model_name'])}"
+                  f"_{cfg.model.dtype}.json")
+  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  save_profile(out, profile)
+  print(f"host sharing (slowdown by [other prefills][other decodes]): {profile['host_sharing']}")
+  print(f"in-situ scale (real / simulated mean step time): {profile['in_situ_scale']}")
+  for tp, fits in profile["instances"].items():
+    print(f"tp={tp}: prefill {fits['prefill']}, decode {fits['decode']}, "
+          f"transfer {fits['transfer']}; mean relative error {fits['mean_rel_error']}")
+  print(f"profile: {out}")
+
+
+def parse_flags(argv):
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(f"config error: {first_and_last_line(str(e))}")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

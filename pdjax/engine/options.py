@@ -1,0 +1,47 @@
+"""EngineOptions: an instance's page geometry, step buckets and numerics, and how a config maps
+to them. Pure Python (no jax): the simulator and the calibration share it with the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+  page_size: int
+  num_pages: int
+  max_model_len: int
+  prefill_buckets: tuple[int, ...]     # packed prompt tokens per prefill step
+  max_prefill_seqs: int
+  decode_buckets: tuple[int, ...]      # sequences per decode step
+  dtype: str = "float32"
+  seed: int = 0
+  attention_impl: str = "auto"         # "auto" | "pallas" | "xla" (model.attention_impl)
+
+  @property
+  def pages_per_seq(self) -> int:
+    return -(-self.max_model_len // self.page_size)
+
+  @property
+  def transfer_buckets(self) -> tuple[int, ...]:
+    """Powers of two up to pages_per_seq: a transfer moves at most 2x the pages it needs."""
+    out, n = [], 1
+    while n < self.pages_per_seq:
+      out.append(n)
+      n *= 2
+    return tuple(out) + (self.pages_per_seq,)
+
+
+def engine_options(cfg, chunked: bool = False) -> EngineOptions:
+  """Chunked prefill packs every running decode plus a chunk into one ragged step, so its
+  ragged program holds up to max_decode_batch + 1 sequences."""
+  max_seqs = cfg.scheduler.max_prefill_seqs
+  if chunked:
+    max_seqs = max(max_seqs, max(cfg.scheduler.decode_buckets) + 1)
+  return EngineOptions(page_size=cfg.kv.page_size, num_pages=cfg.kv.pages_per_instance,
+                       max_model_len=cfg.kv.max_model_len,
+                       prefill_buckets=tuple(cfg.scheduler.prefill_buckets),
+                       max_prefill_seqs=max_seqs,
+                       decode_buckets=tuple(cfg.scheduler.decode_buckets),
+                       dtype=cfg.model.dtype, seed=cfg.seed,
+                       attention_impl=cfg.model.attention_impl)
