@@ -70,6 +70,15 @@ def get_config(arg=None):
   c.sim.link_gbps = 0.0                    # P->D link in Gbit/s; 0 = the preset's ICI/NVLink
   c.sim.profile = ""                       # calibrated profile JSON; "" = the shipped CPU one
 
+  c.plan = ml_collections.ConfigDict()     # python -m pdjax.plan (always on the simulator)
+  c.plan.chip_budget = 8                   # chips to place prefill/decode/colocated instances on
+  c.plan.tp_choices = (1, 2, 4, 8)         # TP degrees to try per tier
+  c.plan.num_requests = 300                # requests per simulated rate
+  c.plan.rate_lo = 1.0                     # req/s; the rate search starts at [lo, hi] and
+  c.plan.rate_hi = 16.0                    #   doubles hi while hi still meets the SLOs
+  c.plan.rel_tol = 0.05                    # bisection stops within 5% of the best rate
+  c.plan.mem_util = 0.9                    # share of HBM for weights + KV (the rest: activations)
+
   if arg == "smoke":
     c.workload.num_requests = 8
     c.workload.rate = 20.0

@@ -204,40 +204,6 @@ def measure_transfer(src, dst, opts, repeats: int) -> tuple[dict, float, list]:
   return fit.to_json(), err, points
 
 
-def step_means(steps: list[dict]) -> dict[str, float]:
-  """Mean step duration per kind ("decode"; "prefill" covers prefill and mixed steps)."""
-  sums: dict[str, list[float]] = {}
-  for step in steps:
-    kind = "decode" if step["kind"] == "decode" else "prefill"
-    sums.setdefault(kind, []).append(step["end_s"] - step["start_s"])
-  return {k: statistics.fmean(v) for k, v in sums.items()}
-
-
-def measure_in_situ(cfg, mcfg, instances, opts, profile: dict) -> dict:
-  """What the isolated grid misses (the driver's own CPU use, transfers, interleaving): serve
-  a calibration workload (the config's, seed + 1, 32 requests, disaggregated) on the real
-  instances, replay it on the simulator with this profile, and keep per step kind the ratio of
-  real to simulated mean step time. Validation must use other workloads."""
-  from pdjax import serving
-  from pdjax.scheduler.clock import ManualClock
-  from pdjax.sim.instance import build_sim_instances, sim_transfer
-  from pdjax.workload.loader import load_workload
-  w = cfg.workload.copy_and_resolve_references()
-  with w.unlocked():
-    w.num_requests, w.ignore_eos = min(w.num_requests, 32), True
-  def requests():
-    return load_workload(w, seed=cfg.seed + 1, vocab_size=mcfg.vocab_size,
-                         eos_ids=mcfg.eos_token_ids, max_model_len=opts.max_model_len)[0]
-  real = serving.serve("disaggregated", instances, requests())
-  clock = ManualClock()
-  tiers = [(i.role, 1, i.tp) for i in instances]
-  sims = build_sim_instances(tiers, mcfg, opts, hardware="h200", clock=clock, profile=profile)
-  sim = serving.serve("disaggregated", sims, requests(), clock=clock, transfer_fn=sim_transfer)
-  real_means, sim_means = step_means(real.steps), step_means(sim.steps)
-  return {k: round(real_means[k] / sim_means[k], 4) for k in sorted(real_means)
-          if k in sim_means}
-
-
 def calibrate(cfg, mcfg, repeats: int) -> dict:
   import jax
   from pdjax.engine.cluster import build_instances, host_params
@@ -290,8 +256,6 @@ def calibrate(cfg, mcfg, repeats: int) -> dict:
       "instances": {str(tp): fits for tp, fits in sorted(by_tp.items())},
       "host_sharing": sharing,
   }
-  print("calibrating in situ (a served workload, real vs simulated step times)", file=sys.stderr)
-  profile["in_situ_scale"] = measure_in_situ(cfg, mcfg, instances, opts, profile)
   return profile
 
 
@@ -328,7 +292,6 @@ def main(argv) -> None:
   os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
   save_profile(out, profile)
   print(f"host sharing (slowdown by [other prefills][other decodes]): {profile['host_sharing']}")
-  print(f"in-situ scale (real / simulated mean step time): {profile['in_situ_scale']}")
   for tp, fits in profile["instances"].items():
     print(f"tp={tp}: prefill {fits['prefill']}, decode {fits['decode']}, "
           f"transfer {fits['transfer']}; mean relative error {fits['mean_rel_error']}")

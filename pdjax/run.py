@@ -54,15 +54,11 @@ def policies_for(cfg, run: str, opts):
   return policy_lib.build(names, params, seed=cfg.seed)
 
 
-def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, object]:
-  """Builds the run's instances, serves the workload, writes the run folder (files, plots,
-  trace.json); returns (summary, RunResult)."""
-  from tqdm import tqdm
+def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = False):
+  """Builds the run's instances (real or simulated), serves the workload; returns (summary,
+  RunResult, instances). Writes nothing."""
   from pdjax import serving
-  from pdjax.metrics import plots
-  from pdjax.metrics.report import write_run_files
   from pdjax.metrics.summary import summarize, summarize_extras
-  from pdjax.metrics.trace import write_chrome_trace
   from pdjax.workload.loader import load_workload
 
   chunked = run == "chunked" or (run == "colocated" and
@@ -89,12 +85,10 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
                                      eos_ids=mcfg.eos_token_ids,
                                      max_model_len=cfg.kv.max_model_len,
                                      temperature=cfg.sampling.temperature)
-  for line in problems:
+  for line in problems if not quiet else ():
     print(f"workload: {line}", file=sys.stderr)
-  with tqdm(total=len(requests), desc=f"{run:>13}", unit="req", disable=not cfg.progress,
-            file=sys.stderr) as bar:
-    result = serving.serve(mode, instances, requests, on_progress=bar.update,
-                           policies=policies, **serve_kwargs)
+  result = serving.serve(mode, instances, requests, on_progress=on_progress,
+                         policies=policies, **serve_kwargs)
   duration = max(result.duration_s, 1e-9)
   summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,
@@ -105,6 +99,20 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
                                   samples=result.samples, role_switches=result.role_switches))
   summary["steps"] = result.step_counts()
   summary["workload_problems"] = problems
+  return summary, result, instances
+
+
+def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, object]:
+  """Serves one run (see `execute`) and writes its folder (files, plots, trace.json);
+  returns (summary, RunResult)."""
+  from tqdm import tqdm
+  from pdjax.metrics import plots
+  from pdjax.metrics.report import write_run_files
+  from pdjax.metrics.trace import write_chrome_trace
+
+  with tqdm(total=cfg.workload.num_requests or None, desc=f"{run:>13}", unit="req",
+            disable=not cfg.progress, file=sys.stderr) as bar:
+    summary, result, _ = execute(cfg, mcfg, run, host_params, on_progress=bar.update)
   write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": run}, requests=result.requests,
                   summary=summary)
   os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)

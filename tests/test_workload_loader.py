@@ -30,7 +30,9 @@ def test_defaults():
       kind="synthetic", path="", preset="mixed", arrival="poisson", rate=8.0, num_requests=64,
       time_scale=1.0, burstiness=1.0, on_s=2.0, off_s=2.0, ramp_to_rate=16.0,
       ignore_eos=False, chat_fraction=0.75, chat_prompt_len=(16, 64),
-      chat_max_new_tokens=(16, 48), doc_prompt_len=(192, 448), doc_max_new_tokens=(8, 24))
+      chat_max_new_tokens=(16, 48), doc_prompt_len=(192, 448), doc_max_new_tokens=(8, 24),
+      lognormal_prompt_mean=128.0, lognormal_output_mean=64.0, lognormal_sigma=1.0,
+      lognormal_max_prompt_len=384, lognormal_max_output_len=128)
   assert loader.validate_workload(w) is None
 
 
@@ -56,7 +58,8 @@ def test_missing_keys_take_defaults():
   assert len(requests) == 5
 
 
-@pytest.mark.parametrize("preset", ["mixed", "chat", "long_doc_qa", "rag", "agent_multiturn"])
+@pytest.mark.parametrize("preset", ["mixed", "chat", "long_doc_qa", "rag", "agent_multiturn",
+                                    "lognormal"])
 @pytest.mark.parametrize("arrival", ["poisson", "gamma", "onoff", "ramp"])
 def test_synthetic_presets_and_arrivals(preset, arrival):
   w = config(preset=preset, arrival=arrival, num_requests=40, ignore_eos=True)
@@ -115,11 +118,15 @@ def test_trace_truncation_reported_with_file_name():
      "workload.kind='foo' is not one of ['synthetic', 'azure', 'mooncake', 'burstgpt', "
      "'jsonl']"),
     (dict(kind="azure"), "workload.path='' is required for kind=azure"),
+    (dict(preset="lognormal", lognormal_sigma=0.0),
+     "workload.lognormal_sigma=0.0 must be a finite number > 0"),
+    (dict(preset="lognormal", lognormal_max_prompt_len=0),
+     "workload.lognormal_max_prompt_len=0 must be an integer >= 1"),
     (dict(kind="jsonl", path="/x"), "workload.path='/x' does not exist"),
     (dict(kind="jsonl", path="/"), "workload.path='/' is not a file"),
     (dict(preset="poem"),
      "workload.preset='poem' is not one of ['mixed', 'chat', 'long_doc_qa', 'rag', "
-     "'agent_multiturn']"),
+     "'agent_multiturn', 'lognormal']"),
     (dict(arrival="weibull"),
      "workload.arrival='weibull' is not one of ['poisson', 'gamma', 'onoff', 'ramp']"),
     (dict(rate=0.0), "workload.rate=0.0 must be > 0 (requests per second)"),

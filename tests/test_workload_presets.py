@@ -94,3 +94,15 @@ def test_agent_multiturn_distinct_sessions_share_nothing():
   for s in specs:
     firsts.setdefault(s.session, s.prompt_ids[:16])
   assert len({tuple(p) for p in firsts.values()}) == len(firsts)
+
+
+def test_lognormal_means_and_clipping():
+  specs = make("lognormal", n=4000, lognormal_prompt_mean=100.0, lognormal_output_mean=40.0,
+               lognormal_sigma=0.5, lognormal_max_prompt_len=10_000,
+               lognormal_max_output_len=10_000)
+  prompts, outputs = zip(*lengths(specs))
+  assert np.mean(prompts) == pytest.approx(100.0, rel=0.03)
+  assert np.mean(outputs) == pytest.approx(40.0, rel=0.03)
+  clipped = lengths(make("lognormal", n=2000, lognormal_max_prompt_len=50,
+                         lognormal_max_output_len=20))
+  assert max(p for p, _ in clipped) == 50 and max(m for _, m in clipped) == 20

@@ -153,3 +153,27 @@ def plot_sweep_metrics(rows: Sequence[dict], path: str) -> str:
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
     ax.legend(fontsize=7)
   return _save(fig, path)
+
+
+PLAN_COLORS = {"disaggregated": "tab:green", "colocated": "tab:blue", "chunked": "tab:orange"}
+
+
+def plot_plan(rows: Sequence[tuple[str, str, float]], path: str, top: int = 25) -> str:
+  """Per-chip goodput of the best `top` placements (rows: placement, run, per-chip rate),
+  ranked, one color per run kind."""
+  plt = _pyplot()
+  rows = list(rows)[:top]
+  fig, ax = plt.subplots(figsize=(8, 0.3 * max(len(rows), 4) + 1.2))
+  if rows:
+    labels = [f"{run[:5]} {placement}" for placement, run, _ in rows]
+    ax.barh(range(len(rows)), [v for _, _, v in rows],
+            color=[PLAN_COLORS.get(run, "gray") for _, run, _ in rows])
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+  else:
+    _note(ax)
+  ax.set_xlabel("goodput per chip (req/s meeting the SLO target)")
+  ax.set_title("placements ranked by per-chip goodput")
+  ax.grid(alpha=0.3, axis="x")
+  fig.tight_layout()
+  return _save(fig, path)

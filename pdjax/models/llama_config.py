@@ -39,6 +39,25 @@ PRESETS = {
                         num_heads=8, num_kv_heads=4, head_dim=16, rope_theta=10000.0,
                         rms_norm_eps=1e-5, tie_word_embeddings=False,
                         max_position_embeddings=2048, bos_token_id=1, eos_token_ids=(2,)),
+    # Published shapes, for the simulator (and for real runs with random weights on hardware
+    # that holds them). Llama-1 65B stands in for DistServe's OPT-66B (66B-class, MHA).
+    "llama2_7b": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                             num_layers=32, num_heads=32, num_kv_heads=32, head_dim=128,
+                             max_position_embeddings=4096),
+    "llama2_13b": LlamaConfig(vocab_size=32000, hidden_size=5120, intermediate_size=13824,
+                              num_layers=40, num_heads=40, num_kv_heads=40, head_dim=128,
+                              max_position_embeddings=4096),
+    "llama_65b": LlamaConfig(vocab_size=32000, hidden_size=8192, intermediate_size=22016,
+                             num_layers=80, num_heads=64, num_kv_heads=64, head_dim=128,
+                             max_position_embeddings=2048),
+    "llama3_8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                             num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                             rope_theta=500000.0, max_position_embeddings=8192,
+                             bos_token_id=128000, eos_token_ids=(128001, 128009)),
+    "llama3_70b": LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                              num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
+                              rope_theta=500000.0, max_position_embeddings=8192,
+                              bos_token_id=128000, eos_token_ids=(128001, 128009)),
 }
 
 

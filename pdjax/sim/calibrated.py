@@ -106,19 +106,16 @@ class CalibratedCost:
   decode_buckets: tuple[int, ...]
   transfer_buckets: tuple[int, ...]     # pages per transfer
   transfer_waits_for_destination = True  # the engine's copy queues behind dst's step
-  prefill_scale: float = 1.0             # in-situ factors (see pdjax.calibrate)
-  decode_scale: float = 1.0
 
   def kv_bytes_per_token(self) -> float:
     return self.kv_bytes_token
 
   def prefill_s(self, chunks: list[tuple[int, int]]) -> float:
     tokens = _pad(self.prefill_buckets, sum(q for q, _ in chunks))
-    return self.prefill_scale * self.prefill(tokens, attention_pairs(chunks))
+    return self.prefill(tokens, attention_pairs(chunks))
 
   def decode_s(self, contexts: list[int]) -> float:
-    return self.decode_scale * self.decode(_pad(self.decode_buckets, len(contexts)),
-                                           sum(contexts))
+    return self.decode(_pad(self.decode_buckets, len(contexts)), sum(contexts))
 
   def moved_pages(self, num_pages: int) -> int:
     return _pad(self.transfer_buckets, num_pages)
@@ -159,9 +156,7 @@ def check_profile(profile: dict, path: str, *, model: dict, dtype: str, tps) -> 
 def cost_from_profile(profile: dict, tp: int, opts) -> CalibratedCost:
   """The cost of one instance of `tp` chips, padding to the run's buckets (`opts`)."""
   fits = profile["instances"][str(tp)]
-  scale = profile.get("in_situ_scale", {})
-  return CalibratedCost(prefill_scale=scale.get("prefill", 1.0),
-                        decode_scale=scale.get("decode", 1.0),tp=tp, prefill=StepFit.from_json(fits["prefill"]),
+  return CalibratedCost(tp=tp, prefill=StepFit.from_json(fits["prefill"]),
                         decode=StepFit.from_json(fits["decode"]),
                         transfer=StepFit.from_json(fits["transfer"]),
                         kv_bytes_token=profile["kv_bytes_per_token"],

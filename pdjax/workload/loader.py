@@ -24,6 +24,8 @@ from pdjax.workload.traces import READERS
 KINDS = ("synthetic",) + tuple(READERS)
 MIXED_KEYS = ("chat_fraction", "chat_prompt_len", "chat_max_new_tokens", "doc_prompt_len",
               "doc_max_new_tokens")
+LOGNORMAL_KEYS = ("lognormal_prompt_mean", "lognormal_output_mean", "lognormal_sigma",
+                  "lognormal_max_prompt_len", "lognormal_max_output_len")
 
 
 def default_workload_config() -> ml_collections.ConfigDict:
@@ -31,7 +33,8 @@ def default_workload_config() -> ml_collections.ConfigDict:
   w = ml_collections.ConfigDict()
   w.kind = "synthetic"              # synthetic | azure | mooncake | burstgpt | jsonl
   w.path = ""                       # trace file (kinds other than synthetic)
-  w.preset = "mixed"                # synthetic: mixed | chat | long_doc_qa | rag | agent_multiturn
+  w.preset = "mixed"                # synthetic: mixed | chat | long_doc_qa | rag |
+                                    #   agent_multiturn | lognormal
   w.arrival = "poisson"             # synthetic arrivals: poisson | gamma | onoff | ramp
   w.rate = 8.0                      # requests per second (synthetic)
   w.num_requests = 64               # synthetic: how many; traces: first N good rows (0 = all)
@@ -46,6 +49,11 @@ def default_workload_config() -> ml_collections.ConfigDict:
   w.chat_max_new_tokens = (16, 48)
   w.doc_prompt_len = (192, 448)
   w.doc_max_new_tokens = (8, 24)
+  w.lognormal_prompt_mean = 128.0   # lognormal preset: mean prompt tokens (before clipping)
+  w.lognormal_output_mean = 64.0    # lognormal preset: mean max_new_tokens (before clipping)
+  w.lognormal_sigma = 1.0           # lognormal preset: sigma of log length
+  w.lognormal_max_prompt_len = 384  # lognormal preset: longer draws are clipped
+  w.lognormal_max_output_len = 128
   return w
 
 
@@ -88,6 +96,11 @@ def validate_workload(w) -> str | None:
       checks.append(("chat_fraction", lambda v: 0.0 <= v <= 1.0, "must be within [0, 1]"))
       checks += [(key, lambda v: len(v) == 2 and 1 <= v[0] <= v[1],
                   "must be (low, high) with 1 <= low <= high") for key in MIXED_KEYS[1:]]
+    if _get(w, "preset") == "lognormal":
+      checks += [(key, lambda v: 0 < v < float("inf"), "must be a finite number > 0")
+                 for key in LOGNORMAL_KEYS[:3]]
+      checks += [(key, lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1")
+                 for key in LOGNORMAL_KEYS[3:]]
   else:
     path = _get(w, "path")
     if not path:
@@ -114,7 +127,8 @@ def _synthetic(w, *, seed: int, vocab_size: int,
                         burstiness=_get(w, "burstiness"), on_s=_get(w, "on_s"),
                         off_s=_get(w, "off_s"), ramp_to_rate=_get(w, "ramp_to_rate"))
   preset = _get(w, "preset")
-  params = {k: _get(w, k) for k in MIXED_KEYS} if preset == "mixed" else {}
+  params = ({k: _get(w, k) for k in MIXED_KEYS} if preset == "mixed" else
+            {k: _get(w, k) for k in LOGNORMAL_KEYS} if preset == "lognormal" else {})
   for k in MIXED_KEYS[1:]:
     if k in params:
       params[k] = tuple(params[k])

@@ -13,6 +13,9 @@ arrival order, drawn from rng. Lengths fit the default max_model_len of 512 (pro
                    answer of turn k's max_new_tokens + 8-48 new user tokens, with the same
                    session id; first prompts 32-96, outputs 8-32. Up to 4 sessions are open
                    at once and their turns interleave (in order within a session).
+  lognormal        prompt and output lengths log-normal with the configured means and sigma
+                   (heavy-tailed, like ShareGPT conversations), clipped to configured maxima
+                   (defaults: means 128 / 64, maxima 384 / 128).
 """
 
 from __future__ import annotations
@@ -90,6 +93,24 @@ def long_doc_qa(n: int, rng: np.random.Generator, vocab_size: int,
   return _simple(n, rng, allowed_token_ids(vocab_size, eos_ids), (256, 448), (4, 16))
 
 
+def lognormal(n: int, rng: np.random.Generator, vocab_size: int, eos_ids: tuple[int, ...], *,
+              lognormal_prompt_mean: float = 128.0, lognormal_output_mean: float = 64.0,
+              lognormal_sigma: float = 1.0, lognormal_max_prompt_len: int = 384,
+              lognormal_max_output_len: int = 128) -> list[RequestSpec]:
+  """Lengths exp(N(ln(mean) - sigma^2 / 2, sigma)) rounded (mean `mean` before clipping),
+  clipped to [1, max] (benchmarks filter ShareGPT the same way, e.g. prompts <= 1024)."""
+  allowed = allowed_token_ids(vocab_size, eos_ids)
+  def draw(mean: float, cap: int) -> int:
+    mu = np.log(mean) - lognormal_sigma ** 2 / 2
+    return min(max(1, int(round(rng.lognormal(mu, lognormal_sigma)))), int(cap))
+  specs = []
+  for _ in range(n):
+    prompt_len = draw(lognormal_prompt_mean, lognormal_max_prompt_len)
+    max_new = draw(lognormal_output_mean, lognormal_max_output_len)
+    specs.append(RequestSpec(random_prompt(rng, allowed, prompt_len), max_new))
+  return specs
+
+
 RAG_SYSTEM_LEN = 32
 RAG_PASSAGES = 16
 
@@ -147,5 +168,5 @@ def agent_multiturn(n: int, rng: np.random.Generator, vocab_size: int,
 
 PRESETS: dict[str, Callable[..., list[RequestSpec]]] = {
     "mixed": mixed, "chat": chat, "long_doc_qa": long_doc_qa, "rag": rag,
-    "agent_multiturn": agent_multiturn,
+    "agent_multiturn": agent_multiturn, "lognormal": lognormal,
 }
