@@ -3,12 +3,15 @@
   python -m pdjax.calibrate                                  # configs/default.py, this machine
   python -m pdjax.calibrate --config=my.py --out=h200_llama8b.json --repeats=7
 
-Builds one prefill and one decode instance at the config's TP degrees (and a colocated one when
-its TP differs), warms every program, then times, per TP degree, a grid of prefill steps (each
+Builds the config's disaggregated cluster (or, when it does not fit the devices, one prefill
+and one decode instance; plus a colocated one when its TP differs), warms every program, then times, per TP degree, a grid of prefill steps (each
 token bucket half and fully used, as one sequence, as several, and after a cached prefix),
 decode steps (each batch bucket half and full, at short, middle and full contexts) and KV
-transfers (every transfer bucket). Each point is the median of --repeats runs from dispatch to
-result, as the driver sees a step. Fits are in `pdjax.sim.calibrated`; the JSON keeps the raw
+transfers (every transfer bucket), and how instances that share the host slow each other
+(`measure_sharing`). A point is the median of at least --repeats runs (and 50 ms) from
+dispatch to result, as the driver sees a step; the whole grid is measured --rounds times,
+spread in time, and each point keeps its median over the rounds (on this shared 2-core machine
+a single pass can be 2x off). Fits are in `pdjax.sim.calibrated`; the JSON keeps the merged
 points and each fit's mean relative error. On a GPU or TPU the same command profiles that
 hardware.
 """
@@ -28,6 +31,7 @@ from ml_collections import config_flags
 from pdjax import config as config_lib
 from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, use_cpu_devices
 
+MIN_POINT_S = 0.05
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "configs", "default.py")
 try:
@@ -38,16 +42,31 @@ except Exception as e:  # pylint: disable=broad-except
   fail(describe_config_flag_error(e, sys.argv))
 OUT = flags.DEFINE_string("out", None, "Profile JSON to write (default "
                           "profiles/<backend>_<model>_<dtype>.json).")
-REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per grid point (median kept).")
+REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per grid point and round (at least "
+                               f"this many and {MIN_POINT_S} s; median kept).")
+ROUNDS = flags.DEFINE_integer("rounds", 3, "Passes over the whole grid, spread in time; each "
+                              "point keeps its median over the rounds (a shared machine's "
+                              "speed drifts).")
 
 
 def _median_s(call, repeats: int) -> float:
   times = []
-  for _ in range(repeats):
+  while len(times) < repeats or sum(times) < MIN_POINT_S:
     start = time.perf_counter()
     call()
     times.append(time.perf_counter() - start)
   return statistics.median(times)
+
+
+def _median_rounds(rounds: list):
+  """Elementwise median of equally shaped nests (dicts, lists) over the rounds; leaves that
+  every round shares (grid coordinates) come out unchanged."""
+  first = rounds[0]
+  if isinstance(first, dict):
+    return {k: _median_rounds([r[k] for r in rounds]) for k in first}
+  if isinstance(first, (list, tuple)):
+    return type(first)(_median_rounds([r[i] for r in rounds]) for i in range(len(first)))
+  return statistics.median(rounds) if len(set(rounds)) > 1 else first
 
 
 def prefill_grid(opts) -> list[list[tuple[int, int]]]:
@@ -88,8 +107,9 @@ def _with_pages(inst, lengths: list[int], fn):
       inst.tables.free(i)
 
 
-def measure_instance(inst, opts, repeats: int, vocab: int) -> dict:
-  from pdjax.sim.calibrated import attention_pairs, fit_step
+def measure_points(inst, opts, repeats: int, vocab: int) -> dict:
+  """One pass over the step grid: {"prefill": [points], "decode": [points]}."""
+  from pdjax.sim.calibrated import attention_pairs
   from pdjax.engine.batch import pick_bucket
   points = {"prefill": [], "decode": []}
   for chunks in prefill_grid(opts):
@@ -109,6 +129,11 @@ def measure_instance(inst, opts, repeats: int, vocab: int) -> dict:
     padded = pick_bucket(opts.decode_buckets, len(contexts))
     points["decode"].append({"contexts": [contexts[0], len(contexts)],
                              "x": [padded, sum(contexts)], "seconds": seconds})
+  return points
+
+
+def fit_points(points: dict) -> dict:
+  from pdjax.sim.calibrated import fit_step
   out = {}
   for kind in ("prefill", "decode"):
     fit, err = fit_step([(*p["x"], p["seconds"]) for p in points[kind]])
@@ -169,7 +194,7 @@ def measure_sharing(instances, opts, repeats: int) -> dict:
         row.append(seconds)
       rows.append(row)
     alone = rows[0][0]
-    tables[kind] = [[round(v / alone, 4) for v in row] for row in rows]
+    tables[kind] = [[v / alone for v in row] for row in rows]
   return tables
 
 
@@ -182,9 +207,9 @@ def _with_pages_each(instances, lengths_each: list[list[int]], fn):
                                                 lambda rest: fn([t] + rest)))
 
 
-def measure_transfer(src, dst, opts, repeats: int) -> tuple[dict, float, list]:
+def measure_transfer(src, dst, opts, repeats: int) -> list:
+  """One pass over the transfer buckets."""
   from pdjax.engine.transfer import transfer_kv
-  from pdjax.sim.calibrated import fit_step
   points = []
   for n in opts.transfer_buckets:
     def move(tables, n=n):
@@ -200,11 +225,10 @@ def measure_transfer(src, dst, opts, repeats: int) -> tuple[dict, float, list]:
     finally:
       src.tables.free("calib-src")
     points.append({"pages": n, "x": [nbytes, 0], "seconds": seconds})
-  fit, err = fit_step([(*p["x"], p["seconds"]) for p in points])
-  return fit.to_json(), err, points
+  return points
 
 
-def calibrate(cfg, mcfg, repeats: int) -> dict:
+def calibrate(cfg, mcfg, repeats: int, rounds: int = 1) -> dict:
   import jax
   from pdjax.engine.cluster import build_instances, host_params
   from pdjax.sim import calibrated
@@ -219,22 +243,32 @@ def calibrate(cfg, mcfg, repeats: int) -> dict:
     tiers.append(("colocated", 1, c.colocated.tp))
   params = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed, dtype=cfg.model.dtype)
   instances = build_instances(tiers, mcfg, params, opts)
-  by_tp = {}
+  from pdjax.sim.calibrated import fit_step
+  per_tp = {}
   for inst in instances:
-    if inst.tp not in by_tp:
-      print(f"calibrating tp={inst.tp} steps on {inst.name}", file=sys.stderr)
-      by_tp[inst.tp] = measure_instance(inst, opts, repeats, mcfg.vocab_size)
-  print(f"calibrating kv transfer tp={c.prefill.tp} -> tp={c.decode.tp}", file=sys.stderr)
+    per_tp.setdefault(inst.tp, inst)
   src = next(i for i in instances if i.role == "prefill")
   dst = next(i for i in instances if i.role == "decode")
-  transfer, err, points = measure_transfer(src, dst, opts, repeats)
   same_tp = [i for i in instances if i.tp == instances[0].tp]
-  print(f"calibrating host sharing over {len(same_tp)} instances", file=sys.stderr)
-  sharing = measure_sharing(same_tp, opts, repeats)
-  for fits in by_tp.values():   # one measured link serves every TP's entry
-    fits["transfer"] = transfer
+  passes = []
+  for r in range(rounds):   # each round measures everything once: drift hits all points alike
+    print(f"round {r + 1}/{rounds}: steps at tp={sorted(per_tp)}, kv transfer "
+          f"tp{c.prefill.tp}->tp{c.decode.tp}, host sharing over {len(same_tp)} instances",
+          file=sys.stderr)
+    passes.append({"steps": {tp: measure_points(inst, opts, repeats, mcfg.vocab_size)
+                             for tp, inst in per_tp.items()},
+                   "transfer": measure_transfer(src, dst, opts, repeats),
+                   "sharing": measure_sharing(same_tp, opts, repeats)})
+  merged = _median_rounds(passes)
+  transfer, err = fit_step([(*p["x"], p["seconds"]) for p in merged["transfer"]])
+  sharing = {k: [[round(v, 4) for v in row] for row in table]
+             for k, table in merged["sharing"].items()}
+  by_tp = {}
+  for tp, points in merged["steps"].items():   # one measured link serves every TP's entry
+    fits = by_tp[tp] = fit_points(points)
+    fits["transfer"] = transfer.to_json()
     fits["mean_rel_error"]["transfer"] = round(err, 4)
-    fits["points"]["transfer"] = points
+    fits["points"]["transfer"] = merged["transfer"]
   device = jax.devices()[0]
   profile = {
       "format": calibrated.FORMAT,
@@ -252,7 +286,7 @@ def calibrate(cfg, mcfg, repeats: int) -> dict:
                  "decode_buckets": list(opts.decode_buckets),
                  "transfer_buckets": list(opts.transfer_buckets)},
       "transfer_measured": f"tp{c.prefill.tp}->tp{c.decode.tp}",
-      "repeats": repeats,
+      "repeats": repeats, "rounds": rounds,
       "instances": {str(tp): fits for tp, fits in sorted(by_tp.items())},
       "host_sharing": sharing,
   }
@@ -268,8 +302,8 @@ def main(argv) -> None:
     cfg.mode
   except OSError as e:
     fail(f"config error: cannot load --config: {first_and_last_line(str(e))}")
-  if REPEATS.value < 1:
-    fail(f"config error: --repeats={REPEATS.value} must be >= 1")
+  if REPEATS.value < 1 or ROUNDS.value < 1:
+    fail(f"config error: --repeats={REPEATS.value} and --rounds={ROUNDS.value} must be >= 1")
   try:
     mcfg = config_lib.validate(cfg)
     use_cpu_devices(cfg.num_cpu_devices)
@@ -285,7 +319,7 @@ def main(argv) -> None:
   from pdjax.engine.cluster import enable_compile_cache
   from pdjax.sim.calibrated import save_profile
   enable_compile_cache(cfg.compile_cache_dir)
-  profile = calibrate(cfg, mcfg, REPEATS.value)
+  profile = calibrate(cfg, mcfg, REPEATS.value, ROUNDS.value)
   out = OUT.value or os.path.join(
       "profiles", f"{profile['hardware']['backend']}_{os.path.basename(profile['model_name'])}"
                   f"_{cfg.model.dtype}.json")

@@ -31,7 +31,7 @@ class SamplingParams:
   ignore_eos: bool = False
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)   # a request is itself: queues find and remove it by identity
 class Request:
   """One generation request and everything measured about it."""
 

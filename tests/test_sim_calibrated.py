@@ -130,7 +130,7 @@ def test_calibrate_cli_then_sim_matches_jax_request_for_request(tmp_path):
            "--config.workload.ignore_eos=True", "--config.progress=False"]
   profile = tmp_path / "profile.json"
   out = _run(["pdjax.calibrate", "--config=configs/default.py:smoke", f"--out={profile}",
-              "--repeats=1"]).stdout
+              "--repeats=1", "--rounds=2"]).stdout
   assert f"profile: {profile}" in out
   data = json.loads(profile.read_text())
   assert data["engine"]["prefill_buckets"] == [64, 512]

@@ -231,8 +231,9 @@ class Driver:
   def _ensure_decode_slots(self, w: Worker, plan: StepPlan) -> None:
     """Grows each decoding sequence's block table by the slot its next token needs; when the
     pool is full, preempts the newest running sequence (recompute later) until it fits."""
+    preempted: set[int] = set()
     for r in list(plan.decodes):
-      if r not in plan.decodes:
+      if id(r) in preempted:
         continue
       while True:
         try:
@@ -241,6 +242,7 @@ class Driver:
         except OutOfPages:
           victim = next((v for v in reversed(w.running) if v is not r), r)
           self._preempt(w, victim, plan)
+          preempted.add(id(victim))
           if victim is r:
             break
 
