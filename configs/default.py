@@ -30,9 +30,10 @@ def get_config(arg=None):
   c.model.attention_impl = "auto"          # auto (Pallas on TPU/GPU, XLA on CPU) | pallas | xla
 
   c.cluster = ml_collections.ConfigDict()
-  c.cluster.prefill = ml_collections.ConfigDict(dict(instances=2, tp=2))
-  c.cluster.decode = ml_collections.ConfigDict(dict(instances=2, tp=2))
-  c.cluster.colocated = ml_collections.ConfigDict(dict(instances=4, tp=2))
+  c.cluster.prefill = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))
+  c.cluster.decode = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))
+  c.cluster.colocated = ml_collections.ConfigDict(dict(instances=4, tp=2, kv_pages=0))
+  # kv_pages: this tier's KV pool per instance; 0 = kv.pages_per_instance
 
   c.kv = ml_collections.ConfigDict()
   c.kv.page_size = 16
@@ -73,7 +74,8 @@ def get_config(arg=None):
   c.plan = ml_collections.ConfigDict()     # python -m pdjax.plan (always on the simulator)
   c.plan.chip_budget = 8                   # chips to place prefill/decode/colocated instances on
   c.plan.tp_choices = (1, 2, 4, 8)         # TP degrees to try per tier
-  c.plan.num_requests = 300                # requests per simulated rate
+  c.plan.num_requests = 300                # requests per simulated rate (at least)
+  c.plan.min_duration_s = 0.0              # ... and at least this many seconds of arrivals
   c.plan.rate_lo = 1.0                     # req/s; the rate search starts at [lo, hi] and
   c.plan.rate_hi = 16.0                    #   doubles hi while hi still meets the SLOs
   c.plan.rel_tol = 0.05                    # bisection stops within 5% of the best rate

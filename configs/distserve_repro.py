@@ -42,7 +42,8 @@ def get_config(arg=None):
   c.slo.attainment = 0.9
   c.plan.chip_budget = 8
   c.plan.tp_choices = (1, 2, 4, 8)
-  c.plan.num_requests = 1200                # arrivals span several request lifetimes
+  c.plan.num_requests = 1200                # and >= 120 s of arrivals: many request
+  c.plan.min_duration_s = 120.0             #   lifetimes (~13 s) at every rate
   c.plan.rate_lo = 0.25
   c.plan.rate_hi = 4.0
   c.plan.rel_tol = 0.05

@@ -147,6 +147,11 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   pages_per_seq = -(-kv.max_model_len // kv.page_size)
   _require(kv.pages_per_instance >= pages_per_seq, "kv.pages_per_instance",
            kv.pages_per_instance, f"cannot hold one max_model_len sequence ({pages_per_seq} pages)")
+  for role in ("prefill", "decode", "colocated"):
+    pages = cfg.cluster[role].get("kv_pages", 0)
+    _require(pages == 0 or pages >= pages_per_seq, f"cluster.{role}.kv_pages", pages,
+             f"cannot hold one max_model_len sequence ({pages_per_seq} pages); 0 means "
+             f"kv.pages_per_instance")
 
   s = cfg.scheduler
   _check_buckets("scheduler.prefill_buckets", s.prefill_buckets)

@@ -7,7 +7,8 @@ Runs on the simulator (backend=sim, whatever the config says): for every placeme
 plan.chip_budget chips of sim.hardware that fits in memory — disaggregated (n_p x TP t_p
 prefill + n_d x TP t_d decode), and colocated with prefill_first and with chunked prefill —
 it searches the highest request rate (Poisson arrivals of the config's workload,
-plan.num_requests requests) whose SLO attainment (slo.ttft_s, slo.tpot_s) meets
+plan.num_requests requests, more when the rate is high: at least plan.min_duration_s seconds
+of arrivals) whose SLO attainment (slo.ttft_s, slo.tpot_s) meets
 slo.attainment, and ranks placements by that rate per chip. KV pages per instance come from
 the chips' memory left after the weights (plan.mem_util of HBM).
 
@@ -18,6 +19,7 @@ best colocated, chunked and disaggregated placements side by side.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import sys
 
@@ -46,16 +48,21 @@ def placement_config(cfg, mcfg, p: Placement, rate: float):
     new.cluster.colocated.tp = p.tiers[0][2]
   else:
     new.cluster.prefill.tp = new.cluster.decode.tp = p.tiers[0][2]
-  pages = capacity.pool_pages(mcfg, HARDWARE[cfg.sim.hardware], [tp for _, _, tp in p.tiers],
-                              page_size=cfg.kv.page_size,
-                              dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
-                              mem_util=cfg.plan.mem_util, max_model_len=cfg.kv.max_model_len,
-                              max_batch=max(cfg.scheduler.decode_buckets))
-  if pages is None:
+  pools = [capacity.pool_pages(mcfg, HARDWARE[cfg.sim.hardware], tp, page_size=cfg.kv.page_size,
+                               dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
+                               mem_util=cfg.plan.mem_util, max_model_len=cfg.kv.max_model_len,
+                               max_batch=max(cfg.scheduler.decode_buckets))
+           for _, _, tp in p.tiers]
+  if None in pools:
     return None
-  new.kv.pages_per_instance = pages
+  for (role, _, _), pages in zip(p.tiers, pools):
+    new.cluster[role].kv_pages = pages       # each tier's pool from its own chips' memory
+  new.kv.pages_per_instance = min(pools)
   new.workload.rate = float(rate)
-  new.workload.num_requests = cfg.plan.num_requests
+  # Enough arrivals that the window is long against a request's lifetime at every rate: a
+  # fixed count at a high rate ends before queues reach their steady state.
+  new.workload.num_requests = max(cfg.plan.num_requests,
+                                  math.ceil(rate * cfg.plan.min_duration_s))
   return new
 
 
@@ -125,6 +132,8 @@ def main(argv) -> None:
     sim_cfg.backend = "sim"
     mcfg = config_lib.validate(sim_cfg)
     p = cfg.plan
+    if p.min_duration_s < 0:
+      raise config_lib.ConfigError(f"plan.min_duration_s={p.min_duration_s} must be >= 0")
     if p.chip_budget < 2 or p.num_requests < 1 or not 0 < p.rate_lo < p.rate_hi:
       raise config_lib.ConfigError(
           f"plan.chip_budget={p.chip_budget} (>= 2), plan.num_requests={p.num_requests} "

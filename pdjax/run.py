@@ -75,12 +75,14 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
     instances = build_sim_instances(tiers, mcfg, opts, hardware=cfg.sim.hardware, clock=clock,
                                     link_gbps=cfg.sim.link_gbps,
                                     dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
-                                    profile=config_lib.sim_profile(cfg, mcfg))
+                                    profile=config_lib.sim_profile(cfg, mcfg),
+                                    opts_by_role=options_lib.tier_options(cfg, opts))
     serve_kwargs = dict(clock=clock, transfer_fn=sim_transfer)
   else:
     from pdjax.engine.cluster import build_instances
     instances = build_instances(tiers, mcfg, host_params, opts,
-                                roles_may_change=cfg.scheduler.role_switch != "none")
+                                roles_may_change=cfg.scheduler.role_switch != "none",
+                                opts_by_role=options_lib.tier_options(cfg, opts))
   requests, problems = load_workload(cfg.workload, seed=cfg.seed, vocab_size=mcfg.vocab_size,
                                      eos_ids=mcfg.eos_token_ids,
                                      max_model_len=cfg.kv.max_model_len,

@@ -11,11 +11,13 @@ from pdjax.scheduler.driver import Driver, DriverOptions, RunResult
 from pdjax.scheduler.worker import Worker
 
 
-def driver_options(opts, max_decode_batch: int) -> DriverOptions:
+def driver_options(opts, max_decode_batch: int, pool_pages: int | None = None) -> DriverOptions:
+  """pool_pages: the smallest instance pool (default opts.num_pages): a request that cannot
+  fit it is rejected up front."""
   return DriverOptions(token_budget=max(opts.prefill_buckets),
                        max_prefill_seqs=opts.max_prefill_seqs,
                        max_decode_batch=max_decode_batch, max_model_len=opts.max_model_len,
-                       pool_pages=opts.num_pages, page_size=opts.page_size)
+                       pool_pages=pool_pages or opts.num_pages, page_size=opts.page_size)
 
 
 def serve(mode: str, instances: list, requests: list[Request],
@@ -29,7 +31,8 @@ def serve(mode: str, instances: list, requests: list[Request],
   workers = [Worker(inst, inst.role, max_batch) for inst in instances]
   if transfer_fn is None:
     from pdjax.engine.transfer import transfer_kv as transfer_fn
-  driver = Driver(mode, workers, options=driver_options(opts, max_batch),
+  pool = min(inst.tables.allocator.num_pages for inst in instances)
+  driver = Driver(mode, workers, options=driver_options(opts, max_batch, pool),
                   clock=clock or WallClock(), transfer_fn=transfer_fn, policies=policies)
   result = driver.run(requests, on_progress=on_progress)
   check_end_state(result, instances)

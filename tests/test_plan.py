@@ -76,11 +76,11 @@ def test_kv_pages_from_memory_by_hand():
   assert capacity.kv_pages(cfg, chip, 1, page_size=4, dtype_bytes=2, mem_util=0.5) == 150
   assert capacity.kv_pages(cfg, chip, 2, page_size=4, dtype_bytes=2, mem_util=0.5) == 775
   assert capacity.kv_pages(cfg, chip, 1, page_size=4, dtype_bytes=2, mem_util=0.3) < 0
-  # A run sizes every pool like its smallest; capped at 2 x batch x pages per sequence.
+  # Pools are capped at 2 x batch x pages per sequence (10 pages of 4 tokens for 40 tokens).
   kw = dict(page_size=4, dtype_bytes=2, mem_util=0.5, max_model_len=40)
-  assert capacity.pool_pages(cfg, chip, [1, 2], max_batch=100, **kw) == 150
-  assert capacity.pool_pages(cfg, chip, [2], max_batch=4, **kw) == 80
-  assert capacity.pool_pages(cfg, chip, [1], max_batch=4, page_size=4, dtype_bytes=2,
+  assert capacity.pool_pages(cfg, chip, 1, max_batch=100, **kw) == 150
+  assert capacity.pool_pages(cfg, chip, 2, max_batch=4, **kw) == 80
+  assert capacity.pool_pages(cfg, chip, 1, max_batch=4, page_size=4, dtype_bytes=2,
                              mem_util=0.5, max_model_len=800) is None
 
 

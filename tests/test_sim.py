@@ -129,3 +129,23 @@ def test_idle_workers_are_not_replanned_every_turn():
   result = driver.run([req])
   assert result.requests[0].status == Status.FINISHED and len(req.output_ids) == 4
   assert plans == [f"colocated-{i}" for i in range(8)] + ["colocated-0"] * 4
+
+
+def test_tier_kv_pools_and_their_validation():
+  """cluster.<role>.kv_pages sizes that tier's pools (0: kv.pages_per_instance); a pool that
+  cannot hold one max_model_len sequence is a one-line config error."""
+  from pdjax import config as config_lib
+  from pdjax.run import execute
+  cfg = config_lib.load_config_module("configs/default.py").get_config("smoke")
+  cfg.backend, cfg.mode, cfg.progress = "sim", "disaggregated", False
+  cfg.cluster.decode.kv_pages = 96
+  mcfg = config_lib.validate(cfg)
+  summary, result, instances = execute(cfg, mcfg, "disaggregated", None, quiet=True)
+  assert {i.name: i.tables.allocator.num_pages for i in instances} == {
+      "prefill-0": 256, "prefill-1": 256, "decode-0": 96, "decode-1": 96}
+  assert summary["requests"]["finished"] == 8 and summary["kv_pages_leaked"] == 0
+  cfg.cluster.prefill.kv_pages = 16
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  assert str(e.value) == ("cluster.prefill.kv_pages=16 cannot hold one max_model_len sequence "
+                          "(32 pages); 0 means kv.pages_per_instance")

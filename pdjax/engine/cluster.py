@@ -35,8 +35,8 @@ def host_params(mcfg: LlamaConfig, *, checkpoint: str, seed: int, dtype: str):
 
 
 def build_instances(tiers: list[tuple[str, int, int]], mcfg: LlamaConfig, params,
-                    opts: EngineOptions, devices=None, *, roles_may_change: bool = False
-                    ) -> list[Instance]:
+                    opts: EngineOptions, devices=None, *, roles_may_change: bool = False,
+                    opts_by_role: dict | None = None) -> list[Instance]:
   """One Instance per (role, index), warmed up with every program it may run.
 
   Every instance gets both step programs (a decode instance prefills to recompute a preempted
@@ -50,7 +50,7 @@ def build_instances(tiers: list[tuple[str, int, int]], mcfg: LlamaConfig, params
          for role in ("prefill", "decode")}
   instances = []
   for spec in specs:
-    inst = Instance(spec, mcfg, params, opts)
+    inst = Instance(spec, mcfg, params, (opts_by_role or {}).get(spec.role, opts))
     sends = spec.role == "prefill" or (roles_may_change and spec.role == "decode")
     receives = spec.role == "decode" or (roles_may_change and spec.role == "prefill")
     inst.warm_up(prefill=True, decode=True,

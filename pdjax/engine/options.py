@@ -32,6 +32,13 @@ class EngineOptions:
     return tuple(out) + (self.pages_per_seq,)
 
 
+def tier_options(cfg, opts: EngineOptions) -> dict[str, EngineOptions]:
+  """Per role, the run's options with that tier's KV pool (cluster.<role>.kv_pages, when set)."""
+  return {role: dataclasses.replace(opts, num_pages=cfg.cluster[role].get("kv_pages", 0)
+                                    or opts.num_pages)
+          for role in ("prefill", "decode", "colocated")}
+
+
 def engine_options(cfg, chunked: bool = False) -> EngineOptions:
   """Chunked prefill packs every running decode plus a chunk into one ragged step, so its
   ragged program holds up to max_decode_batch + 1 sequences."""

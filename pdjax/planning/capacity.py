@@ -20,15 +20,15 @@ def kv_pages(mcfg: LlamaConfig, hw: Hardware, tp: int, *, page_size: int, dtype_
   return int(free // (page_size * cost.kv_bytes_per_token()))
 
 
-def pool_pages(mcfg: LlamaConfig, hw: Hardware, tps: list[int], *, page_size: int,
+def pool_pages(mcfg: LlamaConfig, hw: Hardware, tp: int, *, page_size: int,
                dtype_bytes: int, mem_util: float, max_model_len: int,
                max_batch: int) -> int | None:
-  """Pages per instance for a run whose instances have TP degrees `tps` (the smallest pool,
-  since one pool size serves a run), capped at what a full batch of max-length sequences plus
-  as many queued prompts can use; None when some instance cannot hold one sequence."""
+  """The KV pool of an instance of `tp` chips, capped at what a full batch of max-length
+  sequences plus as many queued prompts can use (a bigger pool changes nothing but the
+  simulator's memory); None when it cannot hold one sequence."""
   per_seq = -(-max_model_len // page_size)
-  pages = min(kv_pages(mcfg, hw, tp, page_size=page_size, dtype_bytes=dtype_bytes,
-                       mem_util=mem_util) for tp in tps)
+  pages = kv_pages(mcfg, hw, tp, page_size=page_size, dtype_bytes=dtype_bytes,
+                   mem_util=mem_util)
   if pages < per_seq:
     return None
   return min(pages, 2 * max_batch * per_seq)

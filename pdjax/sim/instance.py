@@ -87,10 +87,11 @@ def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
 
 def build_sim_instances(tiers: list[tuple[str, int, int]], mcfg, opts, *, hardware: str,
                         clock, link_gbps: float = 0.0, dtype_bytes: int = 2,
-                        profile: dict | None = None) -> list[SimInstance]:
+                        profile: dict | None = None,
+                        opts_by_role: dict | None = None) -> list[SimInstance]:
   """One SimInstance per (role, index) with the cost of its TP degree: the calibrated
   `profile`'s fit when given, else the roofline of `hardware`. Needs no devices, so a cluster
-  may be larger than this machine."""
+  may be larger than this machine. opts_by_role: per-tier options (e.g. KV pool sizes)."""
   from pdjax.sim.calibrated import cost_from_profile
   from pdjax.sim.hardware import HARDWARE
   from pdjax.sim.host import SharedHost
@@ -104,7 +105,8 @@ def build_sim_instances(tiers: list[tuple[str, int, int]], mcfg, opts, *, hardwa
             RooflineCost(mcfg, HARDWARE[hardware], tp, dtype_bytes=dtype_bytes,
                          link_bytes_per_s=link))
     for i in range(count):
-      out.append(SimInstance(f"{role}-{i}", role, cost, opts, clock=clock,
+      out.append(SimInstance(f"{role}-{i}", role, cost, (opts_by_role or {}).get(role, opts),
+                             clock=clock,
                              vocab_size=mcfg.vocab_size, eos_ids=mcfg.eos_token_ids,
                              host=host))
   return out
