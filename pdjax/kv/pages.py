@@ -95,6 +95,19 @@ class BlockTables:
     self.page_size = page_size
     self.allocator = PageAllocator(num_pages)
     self._tables: dict[str, list[int]] = {}
+    self.cache = None                       # a PrefixCache once enable_prefix_cache() runs
+    self._names: dict[str, tuple[list[bytes], str]] = {}   # seq -> (page names, salt)
+
+  def enable_prefix_cache(self, capacity_pages: int = 0, ttl_s: float = 0.0) -> None:
+    from pdjax.kv.prefix_cache import PrefixCache
+    self.cache = PrefixCache(self.allocator, self.page_size, capacity_pages=capacity_pages,
+                             ttl_s=ttl_s)
+
+  def _make_room(self, n: int) -> None:
+    """Evicts idle cached pages until n pages are free (when a cache is on)."""
+    short = n - self.allocator.num_free
+    if short > 0 and self.cache is not None:
+      self.cache.evict(short)
 
   def pages_needed(self, num_tokens: int) -> int:
     if num_tokens < 0:
@@ -102,12 +115,13 @@ class BlockTables:
     return -(-num_tokens // self.page_size)
 
   def can_allocate(self, num_tokens: int) -> bool:
-    return self.allocator.can_allocate(self.pages_needed(num_tokens))
+    return 0 <= self.pages_needed(num_tokens) <= self.num_free_pages
 
   def allocate(self, seq_id: str, num_tokens: int) -> list[int]:
     """Gives a new sequence enough pages for num_tokens; returns its block table."""
     if seq_id in self._tables:
       raise ValueError(f"sequence {seq_id} already has pages")
+    self._make_room(self.pages_needed(num_tokens))
     pages = self.allocator.allocate(self.pages_needed(num_tokens))
     self._tables[seq_id] = pages
     return list(pages)
@@ -118,17 +132,58 @@ class BlockTables:
     missing = self.pages_needed(num_tokens) - len(table)
     if missing <= 0:
       return []
+    self._make_room(missing)
     new = self.allocator.allocate(missing)
     table.extend(new)
     return new
 
+  def allocate_prefix(self, seq_id: str, token_ids, num_tokens: int, salt: str,
+                      now: float = 0.0) -> int | None:
+    """Like allocate, reusing the cached pages of token_ids' longest cached prefix (at least
+    one token is always left to compute). Returns the number of cached tokens, or None (and
+    allocates nothing) when the pages do not fit."""
+    if self.cache is None:
+      return 0 if self._allocate_or_none(seq_id, num_tokens) else None
+    if seq_id in self._tables:
+      raise ValueError(f"sequence {seq_id} already has pages")
+    self.cache.expire(now)
+    max_pages = min((len(token_ids) - 1) // self.page_size, self.pages_needed(num_tokens))
+    hits, names = self.cache.match(salt, token_ids, max_pages)
+    idle_hits = sum(1 for p in hits if p in self.cache._idle)
+    need = self.pages_needed(num_tokens) - len(hits)
+    if need > self.num_free_pages - idle_hits:
+      return None
+    self.cache.acquire(hits, now)
+    self._make_room(need)
+    self._tables[seq_id] = hits + self.allocator.allocate(need)
+    self._names[seq_id] = (names, salt)
+    return len(hits) * self.page_size
+
+  def _allocate_or_none(self, seq_id: str, num_tokens: int) -> bool:
+    if not self.can_allocate(num_tokens):
+      return False
+    self.allocate(seq_id, num_tokens)
+    return True
+
+  def cache_computed(self, seq_id: str, num_tokens: int, now: float = 0.0) -> int:
+    """Names the full pages of seq_id's first num_tokens computed tokens in the cache (only
+    pages allocate_prefix named). Returns pages added."""
+    if self.cache is None or seq_id not in self._names:
+      return 0
+    names, salt = self._names[seq_id]
+    k = min(num_tokens // self.page_size, len(names))
+    return self.cache.insert(names[:k], self._table(seq_id)[:k], salt, now)
+
   def block_table(self, seq_id: str) -> list[int]:
     return list(self._table(seq_id))
 
-  def free(self, seq_id: str) -> None:
+  def free(self, seq_id: str, now: float = 0.0) -> None:
     table = self._table(seq_id)
     self.allocator.free(table)
     del self._tables[seq_id]
+    self._names.pop(seq_id, None)
+    if self.cache is not None:
+      self.cache.release(table, now)
 
   def __contains__(self, seq_id: str) -> bool:
     return seq_id in self._tables
@@ -143,15 +198,19 @@ class BlockTables:
 
   @property
   def num_free_pages(self) -> int:
-    return self.allocator.num_free
+    """Free pages plus idle cached ones (evicted on demand)."""
+    return self.allocator.num_free + (self.cache.num_evictable if self.cache else 0)
 
   @property
   def num_used_pages(self) -> int:
-    return self.allocator.num_used
+    """Pages some sequence holds (idle cached pages count as free)."""
+    return self.allocator.num_pages - self.num_free_pages
 
   def leaked(self) -> int:
-    """Used pages that no live block table references."""
+    """Used pages that no live block table (nor the prefix cache) references."""
     live = {p for table in self._tables.values() for p in table}
+    if self.cache is not None:
+      live |= self.cache.cached_pages()
     return sum(1 for p in range(self.allocator.num_pages)
                if not self.allocator.is_free(p) and p not in live)
 
@@ -164,6 +223,8 @@ class BlockTables:
       raise AssertionError(
           f"free ({free}) + used ({used}) != total ({alloc.num_pages})")
     holders = collections.Counter(p for t in self._tables.values() for p in t)
+    if self.cache is not None:
+      holders.update(self.cache.cached_pages())
     free_set = set(alloc._free)
     for p in range(alloc.num_pages):
       rc, n = alloc.refcount(p), holders.get(p, 0)
@@ -173,6 +234,11 @@ class BlockTables:
         raise AssertionError(f"page {p} owned {n} times with refcount {rc}")
       if rc != n:
         raise AssertionError(f"page {p} has refcount {rc} but {n} live holders")
+    if self.cache is not None:
+      idle = set(self.cache._idle)
+      wrong = [p for p in self.cache.cached_pages() if (alloc.refcount(p) == 1) != (p in idle)]
+      if wrong:
+        raise AssertionError(f"cached page {wrong[0]} is evictable iff unused: broken")
     num_refcounted_free = sum(1 for p in alloc._free if alloc._refcount[p] != 0)
     if num_refcounted_free:
       raise AssertionError(

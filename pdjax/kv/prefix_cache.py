@@ -1,0 +1,147 @@
+"""Automatic prefix caching for one instance's page pool (pure Python, deterministic).
+
+A full page is named by a hash chained over (salt, the previous page's hash, the page's token
+ids), as in vLLM's automatic prefix caching: equal names mean equal KV, so a request whose
+leading pages are cached reuses them (refcount + 1) and prefills only the rest. The salt is
+the tenant's own unless an explicit shared salt is configured, so one tenant can never hit
+(or time) another tenant's prefix.
+
+The cache holds one reference on every page it names. A cached page that no sequence uses
+(refcount 1: the cache's own) is *evictable*: it stays until its space is needed (least
+recently used first), until more than `capacity_pages` pages are cached, until it is older
+than `ttl_s` since last use, or until its salt is flushed. Allocation evicts on demand, so a
+cached page never blocks a request that would otherwise fit.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import struct
+
+
+def page_hashes(salt: str, token_ids, page_size: int, num_pages: int) -> list[bytes]:
+  """Chained names of the first num_pages full pages of token_ids."""
+  out, prev = [], salt.encode()
+  for i in range(num_pages):
+    page = token_ids[i * page_size:(i + 1) * page_size]
+    digest = hashlib.blake2b(prev + struct.pack(f"<{len(page)}q", *page), digest_size=16)
+    prev = digest.digest()
+    out.append(prev)
+  return out
+
+
+class PrefixCache:
+
+  def __init__(self, allocator, page_size: int, *, capacity_pages: int = 0, ttl_s: float = 0.0):
+    """capacity_pages: most pages named at once (0: the whole pool); ttl_s: 0 = no expiry."""
+    self.allocator, self.page_size = allocator, page_size
+    self.capacity = capacity_pages or allocator.num_pages
+    self.ttl_s = ttl_s
+    self._page_of: dict[bytes, int] = {}
+    self._entry: dict[int, tuple[bytes, str]] = {}       # page -> (name, salt)
+    self._idle: collections.OrderedDict[int, float] = collections.OrderedDict()  # LRU, last use
+    self.stats = collections.Counter()   # hits/lookups (tokens, requests), evictions, expiries
+
+  # ---- lookups --------------------------------------------------------------------------
+
+  def match(self, salt: str, token_ids, max_pages: int) -> tuple[list[int], list[bytes]]:
+    """The cached pages of the longest cached prefix (at most max_pages), and the names of
+    all max_pages leading pages (to register them once computed)."""
+    names = page_hashes(salt, token_ids, self.page_size, max_pages)
+    pages = []
+    for name in names:
+      page = self._page_of.get(name)
+      if page is None:
+        break
+      pages.append(page)
+    return pages, names
+
+  def acquire(self, pages: list[int], now: float) -> None:
+    """A sequence takes the matched pages (refcount + 1; no longer evictable)."""
+    self.allocator.incref(pages)
+    for p in pages:
+      self._idle.pop(p, None)
+
+  def insert(self, names: list[bytes], pages: list[int], salt: str, now: float) -> int:
+    """Names computed full pages (the cache takes a reference); already-named content and
+    already-cached pages are skipped. Returns how many pages were added."""
+    added = 0
+    for name, page in zip(names, pages):
+      if name in self._page_of or page in self._entry:
+        continue
+      while len(self._entry) >= self.capacity and self._evict_one():
+        pass
+      if len(self._entry) >= self.capacity:
+        break
+      self.allocator.incref([page])
+      self._page_of[name], self._entry[page] = page, (name, salt)
+      if self.allocator.refcount(page) == 1:
+        self._idle[page] = now
+      added += 1
+    return added
+
+  def release(self, pages, now: float) -> None:
+    """After a sequence dropped its references: its cached pages that nobody else uses become
+    evictable, most recently used last."""
+    for p in pages:
+      if p in self._entry and self.allocator.refcount(p) == 1:
+        self._idle[p] = now
+        self._idle.move_to_end(p)
+
+  # ---- space ----------------------------------------------------------------------------
+
+  @property
+  def num_cached(self) -> int:
+    return len(self._entry)
+
+  @property
+  def num_evictable(self) -> int:
+    return len(self._idle)
+
+  def cached_pages(self) -> set[int]:
+    return set(self._entry)
+
+  def evict(self, n: int) -> int:
+    """Frees up to n evictable pages, least recently used first; returns how many."""
+    done = 0
+    while done < n and self._evict_one():
+      done += 1
+    return done
+
+  def expire(self, now: float) -> int:
+    """Drops evictable pages idle for longer than ttl_s."""
+    if not self.ttl_s:
+      return 0
+    old = [p for p, t in self._idle.items() if now - t > self.ttl_s]
+    for p in old:
+      self._drop(p)
+    self.stats["expiries"] += len(old)
+    return len(old)
+
+  def flush(self, salt: str) -> int:
+    """Forgets every page named under `salt`: nothing of it can be hit again. Pages still used
+    by live sequences stay theirs; the rest return to the free list. Returns pages forgotten."""
+    pages = [p for p, (_, s) in self._entry.items() if s == salt]
+    for p in pages:
+      self._drop(p)
+    return len(pages)
+
+  def clear(self) -> None:
+    for p in list(self._entry):
+      self._drop(p)
+
+  def _evict_one(self) -> bool:
+    if not self._idle:
+      return False
+    page, _ = self._idle.popitem(last=False)
+    self._idle[page] = 0.0   # _drop pops it again
+    self._drop(page)
+    self.stats["evictions"] += 1
+    return True
+
+  def _drop(self, page: int) -> None:
+    name, _ = self._entry.pop(page)
+    del self._page_of[name]
+    self._idle.pop(page, None)
+    self.allocator.free([page])
