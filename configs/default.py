@@ -39,6 +39,10 @@ def get_config(arg=None):
   c.kv.page_size = 16
   c.kv.pages_per_instance = 256
   c.kv.max_model_len = 512                 # prompt + generated tokens per sequence
+  c.kv.prefix_cache = False                # reuse cached full pages of equal prefixes
+  c.kv.cache_pages = 0                     # most pages cached per instance (0: the pool)
+  c.kv.ttl_s = 0.0                         # cached pages idle longer are dropped (0: never)
+  c.kv.shared_salt = ""                    # "" = per-tenant salts (no cross-tenant hits)
 
   c.scheduler = ml_collections.ConfigDict()
   c.scheduler.prefill_buckets = (64, 128, 256, 512)   # packed prompt tokens per prefill step

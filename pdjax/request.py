@@ -60,6 +60,7 @@ class Request:
   decode_start_s: float | None = None   # joined a decode batch (after transfer if any)
   preemptions: int = 0                  # times its KV was dropped and recomputed
   num_computed_tokens: int = 0          # of prefill_tokens, already in the KV cache
+  cached_tokens: int = 0                # prompt tokens served from the prefix cache
   finish_s: float | None = None
 
   @property
@@ -135,6 +136,7 @@ class Request:
         "transfer_bytes": self.transfer_bytes,
         "transfer_s": self.transfer_s,
         "tenant": self.tenant,
+        "cached_tokens": self.cached_tokens,
         "session": self.session,
         "prefill_start_s": self.prefill_start_s,
         "prefill_end_s": self.prefill_end_s,

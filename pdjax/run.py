@@ -58,6 +58,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   """Builds the run's instances (real or simulated), serves the workload; returns (summary,
   RunResult, instances). Writes nothing."""
   from pdjax import serving
+  from pdjax.metrics.kv_cache import kv_cache_summary
   from pdjax.metrics.summary import summarize, summarize_extras
   from pdjax.workload.loader import load_workload
 
@@ -83,6 +84,9 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
     instances = build_instances(tiers, mcfg, host_params, opts,
                                 roles_may_change=cfg.scheduler.role_switch != "none",
                                 opts_by_role=options_lib.tier_options(cfg, opts))
+  if cfg.kv.prefix_cache:
+    for inst in instances:
+      inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s)
   requests, problems = load_workload(cfg.workload, seed=cfg.seed, vocab_size=mcfg.vocab_size,
                                      eos_ids=mcfg.eos_token_ids,
                                      max_model_len=cfg.kv.max_model_len,
@@ -90,7 +94,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   for line in problems if not quiet else ():
     print(f"workload: {line}", file=sys.stderr)
   result = serving.serve(mode, instances, requests, on_progress=on_progress,
-                         policies=policies, **serve_kwargs)
+                         policies=policies, shared_salt=cfg.kv.shared_salt, **serve_kwargs)
   duration = max(result.duration_s, 1e-9)
   summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,
@@ -99,6 +103,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                       kv_pages_leaked=serving.kv_pages_leaked(instances))
   summary.update(summarize_extras(result.requests, duration_s=duration, steps=result.steps,
                                   samples=result.samples, role_switches=result.role_switches))
+  summary["kv_cache"] = kv_cache_summary(result.requests, instances)
   summary["steps"] = result.step_counts()
   summary["workload_problems"] = problems
   return summary, result, instances

@@ -5,6 +5,8 @@ Shared by `pdjax.run` (experiments) and `pdjax.generate` (offline generation).
 
 from __future__ import annotations
 
+import dataclasses
+
 from pdjax.request import Request
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.driver import Driver, DriverOptions, RunResult
@@ -21,7 +23,8 @@ def driver_options(opts, max_decode_batch: int, pool_pages: int | None = None) -
 
 
 def serve(mode: str, instances: list, requests: list[Request],
-          on_progress=None, policies=None, clock=None, transfer_fn=None) -> RunResult:
+          on_progress=None, policies=None, clock=None, transfer_fn=None,
+          shared_salt: str = "") -> RunResult:
   """policies: a `pdjax.scheduler.policies.Policies` (default: least_loaded routers,
   always_disagg, no admission control, prefill_first, no role switching). clock and
   transfer_fn default to the real engine's (wall clock, device KV transfer); the simulator
@@ -32,7 +35,8 @@ def serve(mode: str, instances: list, requests: list[Request],
   if transfer_fn is None:
     from pdjax.engine.transfer import transfer_kv as transfer_fn
   pool = min(inst.tables.allocator.num_pages for inst in instances)
-  driver = Driver(mode, workers, options=driver_options(opts, max_batch, pool),
+  options = dataclasses.replace(driver_options(opts, max_batch, pool), shared_salt=shared_salt)
+  driver = Driver(mode, workers, options=options,
                   clock=clock or WallClock(), transfer_fn=transfer_fn, policies=policies)
   result = driver.run(requests, on_progress=on_progress)
   check_end_state(result, instances)

@@ -47,6 +47,7 @@ class DriverOptions:
   max_model_len: int         # prompt + generated tokens per sequence
   pool_pages: int            # pages in each instance's pool
   page_size: int
+  shared_salt: str = ""      # prefix cache: one salt for all tenants ("" = per tenant)
 
 
 @dataclasses.dataclass
@@ -221,11 +222,18 @@ class Driver:
       self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
 
   def _allocate_prefill(self, w: Worker, r: Request) -> bool:
+    """Gives a waiting request its pages; with a prefix cache, its longest cached prefix is
+    reused and counts as computed (the prefill starts after it)."""
     if r.id in w.tables:
       return True
-    if not w.tables.can_allocate(r.prefill_len):
+    salt = self.opts.shared_salt or f"tenant:{r.tenant}"
+    cached = w.tables.allocate_prefix(r.id, r.prefill_tokens, r.prefill_len, salt,
+                                      self.clock.now())
+    if cached is None:
       return False
-    w.tables.allocate(r.id, r.prefill_len)
+    r.num_computed_tokens = cached
+    if not r.output_ids:               # prompt tokens served from the cache (first prefill)
+      r.cached_tokens = cached
     return True
 
   def _ensure_decode_slots(self, w: Worker, plan: StepPlan) -> None:
@@ -247,7 +255,7 @@ class Driver:
             break
 
   def _preempt(self, w: Worker, victim: Request, plan: StepPlan) -> None:
-    w.tables.free(victim.id)
+    w.tables.free(victim.id, self.clock.now())
     w.running.remove(victim)
     if victim in plan.decodes:
       plan.decodes.remove(victim)
@@ -274,6 +282,7 @@ class Driver:
                        "num_tokens": plan.num_tokens})
     for (req, _, end), token in zip(plan.chunks, tokens):
       req.num_computed_tokens = end
+      w.tables.cache_computed(req.id, end, now)
       if end < req.prefill_len:
         continue                       # a partial chunk: its sampled token means nothing
       w.waiting.remove(req)
@@ -300,7 +309,7 @@ class Driver:
       return False
     if req in w.running:
       w.running.remove(req)
-    w.tables.free(req.id)
+    w.tables.free(req.id, self.clock.now())
     self._finish(req, Status.FINISHED, now)
     return True
 
@@ -325,13 +334,13 @@ class Driver:
       except Exception as e:
         now = self.clock.now()
         self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
-        src.tables.free(r.id)
-        dst.tables.free(r.id)
+        src.tables.free(r.id, self.clock.now())
+        dst.tables.free(r.id, self.clock.now())
         self._touch(src)
         self._finish(r, Status.FAILED, now,
                  f"kv transfer {src.name}->{dst.name} failed: {type(e).__name__}: {e}")
         continue
-      src.tables.free(r.id)
+      src.tables.free(r.id, self.clock.now())
       self._touch(src)
       self._touch(dst)
       r.transfer_end_s = self.clock.now()
@@ -369,7 +378,7 @@ class Driver:
         if r in queue:
           queue.remove(r)
       if r.id in w.tables:
-        w.tables.free(r.id)
+        w.tables.free(r.id, self.clock.now())
       self._finish(r, Status.FAILED, now, reason)
 
   def _fail_stalled(self, requests: list[Request]) -> None:
@@ -377,11 +386,11 @@ class Driver:
     for w in self.workers:
       for r in list(w.waiting) + w.running:
         if r.id in w.tables:
-          w.tables.free(r.id)
+          w.tables.free(r.id, self.clock.now())
       w.waiting.clear()
       w.running.clear()
     for r, src in self.transfer_queue:
-      src.tables.free(r.id)
+      src.tables.free(r.id, self.clock.now())
     self.transfer_queue.clear()
     for r in requests:
       if not r.status.terminal:

@@ -16,10 +16,11 @@ class PrefillFirst(StepPolicy):
     for req in worker.waiting:    # first come first served: stop at the first that can't go
       if len(chunks) == self.max_seqs:
         break
-      start, end = req.num_computed_tokens, req.prefill_len
       stays = worker.keeps(req)
-      if (tokens + end - start > self.token_budget
-          or (stays and worker.num_running() + staying >= worker.max_batch) or not admit(req)):
+      if (stays and worker.num_running() + staying >= worker.max_batch) or not admit(req):
+        break
+      start, end = req.num_computed_tokens, req.prefill_len   # after admit: cached prefix
+      if tokens + end - start > self.token_budget:
         break
       chunks.append((req, start, end))
       tokens += end - start
