@@ -49,7 +49,7 @@ def get_config(arg=None):
   c.scheduler.max_prefill_seqs = 4
   c.scheduler.decode_buckets = (4, 8, 16)             # sequences per decode step
   c.scheduler.prefill_router = "least_loaded"   # round_robin|random|least_loaded|power_of_two|
-  c.scheduler.decode_router = "least_loaded"    #   kv_aware|session_sticky
+  c.scheduler.decode_router = "least_loaded"    #   kv_aware|kv_aware_prefix|session_sticky
   c.scheduler.path = "always_disagg"            # always_disagg|always_colocated|length_hybrid|load_hybrid
   c.scheduler.admission = "none"                # none|queue_bound|predicted_slo
   c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)

@@ -182,5 +182,5 @@ def test_unknown_policy_name_is_one_line():
   with pytest.raises(ValueError) as e:
     _policies(prefill_router="fastest")
   assert str(e.value) == ("scheduler.prefill_router='fastest' is not one of ['kv_aware', "
-                          "'least_loaded', 'power_of_two', 'random', 'round_robin', "
-                          "'session_sticky']")
+                          "'kv_aware_prefix', 'least_loaded', 'power_of_two', 'random', "
+                          "'round_robin', 'session_sticky']")

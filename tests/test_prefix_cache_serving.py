@@ -77,3 +77,30 @@ def test_greedy_tokens_identical_with_the_cache_on_and_off(tmp_path):
     summary = json.loads((tmp_path / "True" / m / "summary.json").read_text())
     assert summary["kv_cache"]["saved_prefill_tokens"] == sum(r["cached_tokens"] for r in on)
     assert summary["kv_pages_leaked"] == 0
+
+
+@pytest.mark.parametrize("router, third_goes_to", [("kv_aware_prefix", "colocated-1"),
+                                                   ("least_loaded", "colocated-0")])
+def test_kv_aware_prefix_routes_to_the_cached_prefix(router, third_goes_to):
+  """r0 (prompt Q) lands on instance 0; r1 (prompt P) arrives while instance 0 is busy and
+  lands on instance 1; r2 (prompt P again) arrives when both are idle: the prefix-aware router
+  sends it where P is cached and it hits 64 tokens; least_loaded sends it to instance 0."""
+  from pdjax.scheduler import policies as policy_lib
+  clock = ManualClock()
+  opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(512,),
+                       max_prefill_seqs=4, decode_buckets=(16,))
+  insts = build_sim_instances([("colocated", 2, 1)], PRESETS["tiny"], opts, hardware="a100",
+                              clock=clock)
+  for inst in insts:
+    inst.tables.enable_prefix_cache()
+  other = [400 + i for i in range(70)]
+  reqs = [Request(id=f"r{i}", arrival_s=t, prompt_ids=list(p),
+                  sampling=SamplingParams(max_new_tokens=3))
+          for i, (t, p) in enumerate([(0.0, other), (1e-6, PROMPT), (1.0, PROMPT)])]
+  names = dict(prefill_router=router, decode_router=router, path="always_disagg",
+               admission="none", colocated_policy="prefill_first", role_switch="none")
+  policies = policy_lib.build(names, dict(token_budget=512, max_prefill_seqs=4))
+  result = serving.serve("colocated", insts, reqs, clock=clock, policies=policies)
+  assert [r.prefill_instance for r in result.requests] == [
+      "colocated-0", "colocated-1", third_goes_to]
+  assert result.requests[2].cached_tokens == (64 if third_goes_to == "colocated-1" else 0)

@@ -57,6 +57,15 @@ class PrefixCache:
       pages.append(page)
     return pages, names
 
+  def held(self, names: list[bytes]) -> int:
+    """How many of these leading page names are cached (a prefix, so it stops at a miss)."""
+    n = 0
+    for name in names:
+      if name not in self._page_of:
+        break
+      n += 1
+    return n
+
   def acquire(self, pages: list[int], now: float) -> None:
     """A sequence takes the matched pages (refcount + 1; no longer evictable)."""
     self.allocator.incref(pages)

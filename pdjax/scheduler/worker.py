@@ -58,6 +58,12 @@ class Worker:
   def total_pages(self) -> int:
     return self.tables.allocator.num_pages
 
+  def cached_prefix_pages(self, names: list) -> int:
+    """How many of these leading page names this instance's prefix cache holds (0 without a
+    cache)."""
+    cache = self.tables.cache
+    return 0 if cache is None else cache.held(names)
+
   def pages_for(self, num_tokens: int) -> int:
     return self.tables.pages_needed(num_tokens)
 

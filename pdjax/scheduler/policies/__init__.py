@@ -13,6 +13,7 @@ from pdjax.scheduler.policies.base import (AdmissionPolicy, PathChoice, PathPoli
                                            RoleSwitchPolicy, Router, StepPlan, StepPolicy)
 from pdjax.scheduler.policies.chunked_prefill import ChunkedPrefill
 from pdjax.scheduler.policies.kv_aware import KvAware
+from pdjax.scheduler.policies.kv_aware_prefix import KvAwarePrefix
 from pdjax.scheduler.policies.least_loaded import LeastLoaded
 from pdjax.scheduler.policies.length_hybrid import LengthHybrid
 from pdjax.scheduler.policies.load_hybrid import LoadHybrid
@@ -28,7 +29,8 @@ from pdjax.scheduler.policies.round_robin import RoundRobin
 from pdjax.scheduler.policies.session_sticky import SessionSticky
 
 ROUTERS = {"round_robin": RoundRobin, "random": RandomRouter, "least_loaded": LeastLoaded,
-           "power_of_two": PowerOfTwo, "kv_aware": KvAware, "session_sticky": SessionSticky}
+           "power_of_two": PowerOfTwo, "kv_aware": KvAware, "kv_aware_prefix": KvAwarePrefix,
+           "session_sticky": SessionSticky}
 PATHS = {"always_disagg": AlwaysDisagg, "always_colocated": AlwaysColocated,
          "length_hybrid": LengthHybrid, "load_hybrid": LoadHybrid}
 ADMISSIONS = {"none": NoAdmission, "queue_bound": QueueBound, "predicted_slo": PredictedSlo}

@@ -1,0 +1,29 @@
+"""kv_aware_prefix: send a request where its first token comes soonest counting the prefix
+cache, as Dynamo's KV router and SGLang's cache-aware router do.
+
+cost(worker) = queued prompt tokens on the worker + the request's tokens that are not cached
+there (cached tokens weighted by `prefix_weight`), ties broken by free KV pages. With no cache
+on the instances this is least-queued-tokens routing. The request's page names are computed
+once per request (same salt rule as the driver: its tenant's, or `shared_salt`)."""
+
+from pdjax.kv.prefix_cache import page_hashes
+from pdjax.scheduler.policies.base import Router
+
+
+class KvAwarePrefix(Router):
+
+  def __init__(self, prefix_weight: float = 1.0, shared_salt: str = "", **_):
+    self.weight, self.shared_salt = prefix_weight, shared_salt
+
+  def choose(self, req, candidates):
+    if not candidates:
+      return None
+    tokens = req.prefill_tokens
+    salt = self.shared_salt or f"tenant:{req.tenant}"
+    page_size = candidates[0].tables.page_size
+    names = page_hashes(salt, tokens, page_size, (len(tokens) - 1) // page_size)
+    def cost(w):
+      saved = w.cached_prefix_pages(names) * page_size
+      return (w.queued_tokens() + len(tokens) - self.weight * saved,
+              -w.free_pages(), w.num_running())
+    return min(candidates, key=cost)
