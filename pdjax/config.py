@@ -147,6 +147,11 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   pages_per_seq = -(-kv.max_model_len // kv.page_size)
   _require(kv.pages_per_instance >= pages_per_seq, "kv.pages_per_instance",
            kv.pages_per_instance, f"cannot hold one max_model_len sequence ({pages_per_seq} pages)")
+  _require(kv.get("tenant_quota_pages", 0) >= 0, "kv.tenant_quota_pages",
+           kv.get("tenant_quota_pages", 0), "must be >= 0 (0: no quota)")
+  _require(kv.get("cache_pages", 0) >= 0, "kv.cache_pages", kv.get("cache_pages", 0),
+           "must be >= 0 (0: the whole pool)")
+  _require(kv.get("ttl_s", 0.0) >= 0, "kv.ttl_s", kv.get("ttl_s", 0.0), "must be >= 0 (0: never)")
   for role in ("prefill", "decode", "colocated"):
     pages = cfg.cluster[role].get("kv_pages", 0)
     _require(pages == 0 or pages >= pages_per_seq, f"cluster.{role}.kv_pages", pages,

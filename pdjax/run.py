@@ -94,7 +94,8 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   for line in problems if not quiet else ():
     print(f"workload: {line}", file=sys.stderr)
   result = serving.serve(mode, instances, requests, on_progress=on_progress,
-                         policies=policies, shared_salt=cfg.kv.shared_salt, **serve_kwargs)
+                         policies=policies, shared_salt=cfg.kv.shared_salt,
+                         tenant_quota_pages=cfg.kv.tenant_quota_pages, **serve_kwargs)
   duration = max(result.duration_s, 1e-9)
   summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,

@@ -58,3 +58,16 @@ def test_validate_checks_in_process():
     config_lib.validate(cfg)
   assert str(e.value) == ("kv.pages_per_instance=10 cannot hold one max_model_len sequence "
                           "(32 pages)")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("tenant_quota_pages", -1, "kv.tenant_quota_pages=-1 must be >= 0 (0: no quota)"),
+    ("cache_pages", -5, "kv.cache_pages=-5 must be >= 0 (0: the whole pool)"),
+    ("ttl_s", -1.0, "kv.ttl_s=-1.0 must be >= 0 (0: never)"),
+])
+def test_prefix_cache_and_quota_keys(key, value, message):
+  cfg = config_lib.load_config_module("configs/default.py").get_config()
+  cfg.kv[key] = value
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  assert str(e.value) == message

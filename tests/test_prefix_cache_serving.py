@@ -104,3 +104,24 @@ def test_kv_aware_prefix_routes_to_the_cached_prefix(router, third_goes_to):
   assert [r.prefill_instance for r in result.requests] == [
       "colocated-0", "colocated-1", third_goes_to]
   assert result.requests[2].cached_tokens == (64 if third_goes_to == "colocated-1" else 0)
+
+
+def test_tenant_quota_rejects_at_admission_with_a_reason():
+  """Quota 20 pages per tier; each request may grow to 70 + 3 tokens = 5 pages of 16. Four of
+  tenant a's arrive together: the first four fit (20 pages), the fifth is rejected; tenant b
+  is unaffected; once a's requests finish, a fits again."""
+  clock = ManualClock()
+  opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(512,),
+                       max_prefill_seqs=4, decode_buckets=(16,))
+  insts = build_sim_instances([("prefill", 1, 1), ("decode", 1, 1)], PRESETS["tiny"], opts,
+                              hardware="a100", clock=clock)
+  spec = [("a", 0.0)] * 5 + [("b", 0.0), ("a", 5.0)]
+  reqs = [Request(id=f"r{i}", arrival_s=t, prompt_ids=list(PROMPT), tenant=tenant,
+                  sampling=SamplingParams(max_new_tokens=3)) for i, (tenant, t) in enumerate(spec)]
+  result = serving.serve("disaggregated", insts, reqs, clock=clock, transfer_fn=sim_transfer,
+                         tenant_quota_pages=20)
+  assert [r.status for r in result.requests] == [Status.FINISHED] * 4 + [
+      Status.REJECTED, Status.FINISHED, Status.FINISHED]
+  assert result.requests[4].reason == (
+      "tenant 'a' over its KV quota on the prefill tier: 20 + 5 pages > 20")
+  assert serving.kv_pages_leaked(insts) == 0

@@ -48,6 +48,7 @@ class DriverOptions:
   pool_pages: int            # pages in each instance's pool
   page_size: int
   shared_salt: str = ""      # prefix cache: one salt for all tenants ("" = per tenant)
+  tenant_quota_pages: int = 0   # KV pages a tenant may hold or reserve per tier (0: no quota)
 
 
 @dataclasses.dataclass
@@ -179,13 +180,33 @@ class Driver:
         router = p.decode_router if choice.tier == "decode" else p.prefill_router
         worker = router.choose(req, self.tier(choice.tier))
         reason = ("no instance in the " + choice.tier + " tier" if worker is None else
-                  p.admission.check(req, worker, choice, self.tier("decode")))
+                  p.admission.check(req, worker, choice, self.tier("decode"))
+                  or self._quota_reason(req, choice))
       if reason:
         self._finish(req, Status.REJECTED, now, reason)
         continue
       req.path, req.prefill_instance = choice.path, worker.name
       worker.waiting.append(req)
       self._touch(worker)
+
+  def _quota_reason(self, req: Request, choice: PathChoice) -> str | None:
+    """Per-tenant KV quota on each tier the request will use: the pages its admitted requests
+    there may grow to (max_len each) plus this one's must stay within tenant_quota_pages."""
+    quota = self.opts.tenant_quota_pages
+    if not quota:
+      return None
+    tiers = [choice.tier] + (["decode"] if choice.path == "disaggregated" else [])
+    need = -(-req.max_len // self.opts.page_size)
+    for tier in tiers:
+      mine = [r for w in self.tier(tier) for r in list(w.waiting) + w.running
+              if r.tenant == req.tenant]
+      if tier == "decode":
+        mine += [r for r, _ in self.transfer_queue if r.tenant == req.tenant]
+      held = sum(-(-r.max_len // self.opts.page_size) for r in mine)
+      if held + need > quota:
+        return (f"tenant {req.tenant!r} over its KV quota on the {tier} tier: {held} + {need} "
+                f"pages > {quota}")
+    return None
 
   # ---- steps -------------------------------------------------------------------------------
 
