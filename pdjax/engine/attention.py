@@ -38,7 +38,8 @@ def write_kv(k_pages, v_pages, k, v, slot_mapping):
 
 
 def _softmax_attend(scores, mask, v, spec):
-  """Masked softmax over the last axis in float32, then the weighted sum of v by einsum spec."""
+  """Masked softmax over the last axis in float32, then the weighted sum of v by einsum spec.
+  Callers zero v outside the mask: a zero probability times a stale page's NaN is still NaN."""
   scores = jnp.where(mask, scores, -jnp.inf)
   probs = jax.nn.softmax(scores, axis=-1)
   probs = jnp.where(mask, probs, 0.0)  # rows with no valid key stay zero instead of NaN
@@ -64,6 +65,7 @@ def paged_attention(q, k_pages, v_pages, lengths, page_indices, *, sm_scale=None
   qg = q.reshape(b, kvh, h // kvh, d).astype(jnp.float32)
   scores = jnp.einsum("bkgd,kbld->bkgl", qg, k.astype(jnp.float32)) * scale
   mask = jnp.arange(k.shape[2])[None, :] < lengths[:, None]              # [B, L]
+  v = jnp.where(mask[None, :, :, None], v, 0)   # slots past the length: another owner's data
   out = _softmax_attend(scores, mask[:, None, None, :], v, "bkgl,kbld->bkgd")
   return out.reshape(b, h, d).astype(q.dtype)
 
@@ -97,6 +99,7 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens
   k = k_pages[:, page_indices[seq]].reshape(kvh, t, -1, d)
   v = v_pages[:, page_indices[seq]].reshape(kvh, t, -1, d)
   mask = (jnp.arange(k.shape[2])[None, :] <= q_pos[:, None]) & valid[:, None]   # [T, L]
+  v = jnp.where(mask[None, :, :, None], v, 0)   # never read (0 * NaN) what is not this row's
 
   qg = q.reshape(t, kvh, h // kvh, d).astype(jnp.float32)
   scores = jnp.einsum("tkgd,ktld->tkgl", qg, k.astype(jnp.float32)) * scale
