@@ -51,12 +51,13 @@ def get_config(arg=None):
   c.scheduler.decode_buckets = (4, 8, 16)             # sequences per decode step
   c.scheduler.prefill_router = "least_loaded"   # round_robin|random|least_loaded|power_of_two|
   c.scheduler.decode_router = "least_loaded"    #   kv_aware|kv_aware_prefix|session_sticky
-  c.scheduler.path = "always_disagg"            # always_disagg|always_colocated|length_hybrid|load_hybrid
+  c.scheduler.path = "always_disagg"            # always_disagg|always_colocated|length_hybrid|
+                                                #   load_hybrid|prefix_hybrid
   c.scheduler.admission = "none"                # none|queue_bound|predicted_slo
   c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)
   c.scheduler.role_switch = "none"              # none|queue_balance
   c.scheduler.chunk_budget = 128                # tokens per chunked-prefill step
-  c.scheduler.length_threshold = 128            # length_hybrid: shorter prompts stay colocated
+  c.scheduler.length_threshold = 128            # length_hybrid, prefix_hybrid (uncached part)
   c.scheduler.saturation = 0.9                  # load_hybrid: decode tier "full" at this share
   c.scheduler.max_queue = 32                    # queue_bound: waiting requests per instance
   c.scheduler.role_switch_interval_s = 1.0      # queue_balance: how often it looks

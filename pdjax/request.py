@@ -61,6 +61,7 @@ class Request:
   preemptions: int = 0                  # times its KV was dropped and recomputed
   num_computed_tokens: int = 0          # of prefill_tokens, already in the KV cache
   cached_tokens: int = 0                # prompt tokens served from the prefix cache
+  decode_cached_tokens: int = 0         # prompt tokens the decode instance held (not moved)
   finish_s: float | None = None
 
   @property
@@ -137,6 +138,7 @@ class Request:
         "transfer_s": self.transfer_s,
         "tenant": self.tenant,
         "cached_tokens": self.cached_tokens,
+        "decode_cached_tokens": self.decode_cached_tokens,
         "session": self.session,
         "prefill_start_s": self.prefill_start_s,
         "prefill_end_s": self.prefill_end_s,

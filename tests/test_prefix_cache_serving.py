@@ -125,3 +125,72 @@ def test_tenant_quota_rejects_at_admission_with_a_reason():
   assert result.requests[4].reason == (
       "tenant 'a' over its KV quota on the prefill tier: 20 + 5 pages > 20")
   assert serving.kv_pages_leaked(insts) == 0
+
+
+def _two_turns(second_extra, path="always_disagg", threshold=128):
+  """Turn 1: PROMPT (70 tokens) in session s; turn 2 a second later: PROMPT + more tokens."""
+  from pdjax.scheduler import policies as policy_lib
+  clock = ManualClock()
+  opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(512,),
+                       max_prefill_seqs=4, decode_buckets=(16,))
+  insts = build_sim_instances([("prefill", 1, 1), ("decode", 1, 1)], PRESETS["tiny"], opts,
+                              hardware="a100", clock=clock)
+  for inst in insts:
+    inst.tables.enable_prefix_cache()
+  prompts = [list(PROMPT), list(PROMPT) + [900 + i for i in range(second_extra)]]
+  reqs = [Request(id=f"t{i}", arrival_s=float(i), prompt_ids=p, session="s", tenant="a",
+                  sampling=SamplingParams(max_new_tokens=3)) for i, p in enumerate(prompts)]
+  names = dict(prefill_router="least_loaded", decode_router="session_sticky", path=path,
+               admission="none", colocated_policy="prefill_first", role_switch="none")
+  policies = policy_lib.build(names, dict(token_budget=512, max_prefill_seqs=4,
+                                          length_threshold=threshold))
+  result = serving.serve("disaggregated", insts, reqs, clock=clock, transfer_fn=sim_transfer,
+                         policies=policies)
+  assert all(r.status == Status.FINISHED for r in result.requests)
+  assert serving.kv_pages_leaked(insts) == 0
+  return result, insts
+
+
+def test_decode_side_hit_moves_only_the_missing_pages():
+  result, insts = _two_turns(30)
+  first, second = result.requests
+  assert (first.cached_tokens, first.decode_cached_tokens) == (0, 0)
+  # Turn 2 (100 tokens, 7 pages): its first 4 pages are cached on both tiers.
+  assert (second.cached_tokens, second.decode_cached_tokens) == (64, 64)
+  assert [t["bytes"] for t in result.transfers] == [insts[0].kv_bytes(5), insts[0].kv_bytes(3)]
+
+
+def test_prefix_hybrid_keeps_a_mostly_cached_follow_up_on_the_decode_tier():
+  result, _ = _two_turns(20, path="prefix_hybrid", threshold=40)
+  first, second = result.requests
+  assert (first.path, first.prefill_instance) == ("disaggregated", "prefill-0")
+  # 90 tokens, 64 held by decode-0: 26 left to compute < 40 -> prefilled where it decodes.
+  assert (second.path, second.prefill_instance, second.decode_instance) == (
+      "colocated", "decode-0", "decode-0")
+  assert second.cached_tokens == 64 and len(result.transfers) == 1
+
+
+@pytest.mark.slow
+def test_multi_turn_tokens_identical_with_decode_side_hits(tmp_path):
+  """agent_multiturn sessions, disaggregated, session-sticky decode routing and the prefix
+  path decider: the same greedy tokens with the cache on and off, and the cache-on run moves
+  fewer KV bytes because decode instances already hold earlier turns."""
+  runs = {}
+  for on in (False, True):
+    out = tmp_path / str(on)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
+         "--config.progress=False", "--config.mode=disaggregated",
+         "--config.workload.preset=agent_multiturn", "--config.workload.num_requests=12",
+         "--config.scheduler.decode_router=session_sticky",
+         "--config.scheduler.path=prefix_hybrid", "--config.scheduler.length_threshold=8",
+         f"--config.kv.prefix_cache={on}", f"--workdir={out}"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs[on] = ([json.loads(l) for l in (out / "requests.jsonl").open()],
+                json.loads((out / "summary.json").read_text()))
+  (off, off_summary), (on, on_summary) = runs[False], runs[True]
+  assert [r["output_ids"] for r in on] == [r["output_ids"] for r in off]
+  assert on_summary["kv_cache"]["decode_hit_tokens"] > 0
+  assert on_summary["kv_transfer"]["bytes"] < off_summary["kv_transfer"]["bytes"]
+  assert all(r["status"] == "finished" for r in on) and on_summary["kv_pages_leaked"] == 0

@@ -165,12 +165,19 @@ class BlockTables:
     self.allocate(seq_id, num_tokens)
     return True
 
-  def cache_computed(self, seq_id: str, num_tokens: int, now: float = 0.0) -> int:
-    """Names the full pages of seq_id's first num_tokens computed tokens in the cache (only
-    pages allocate_prefix named). Returns pages added."""
+  def cache_computed(self, seq_id: str, num_tokens: int, now: float = 0.0,
+                     token_ids=None) -> int:
+    """Names the full pages of seq_id's first num_tokens computed tokens in the cache (for a
+    sequence allocate_prefix placed; token_ids renames them when the sequence grew past its
+    prompt, e.g. with generated tokens). Returns pages added."""
     if self.cache is None or seq_id not in self._names:
       return 0
     names, salt = self._names[seq_id]
+    if token_ids is not None:
+      from pdjax.kv.prefix_cache import page_hashes
+      names = page_hashes(salt, token_ids, self.page_size,
+                          min(len(token_ids), num_tokens) // self.page_size)
+      self._names[seq_id] = (names, salt)
     k = min(num_tokens // self.page_size, len(names))
     return self.cache.insert(names[:k], self._table(seq_id)[:k], salt, now)
 

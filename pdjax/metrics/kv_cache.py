@@ -2,8 +2,9 @@
 
 hit_rate_tokens: prompt tokens served from a prefill-side cache / prompt tokens of requests
 that were prefilled; hit_rate_requests: share of those requests with any hit;
-saved_prefill_tokens: the tokens not recomputed; evictions / expiries: cached pages dropped
-for space / for age, over all instances; cached_pages_at_end: pages still named at the end.
+saved_prefill_tokens: the tokens not recomputed; decode_hit_tokens: prompt tokens a decode
+instance already held, so their KV was not transferred; evictions / expiries: cached pages
+dropped for space / for age, over all instances; cached_pages_at_end: pages still named.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def kv_cache_summary(requests, instances) -> dict:
       "hit_rate_requests": (sum(r.cached_tokens > 0 for r in prefilled) / len(prefilled)
                             if prefilled else 0.0),
       "saved_prefill_tokens": cached,
+      "decode_hit_tokens": sum(r.decode_cached_tokens for r in requests),
       "evictions": sum(c.stats["evictions"] for c in caches),
       "expiries": sum(c.stats["expiries"] for c in caches),
       "cached_pages_at_end": sum(c.num_cached for c in caches),

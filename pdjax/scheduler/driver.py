@@ -189,6 +189,9 @@ class Driver:
       worker.waiting.append(req)
       self._touch(worker)
 
+  def _salt(self, r: Request) -> str:
+    return self.opts.shared_salt or f"tenant:{r.tenant}"
+
   def _quota_reason(self, req: Request, choice: PathChoice) -> str | None:
     """Per-tenant KV quota on each tier the request will use: the pages its admitted requests
     there may grow to (max_len each) plus this one's must stay within tenant_quota_pages."""
@@ -247,8 +250,7 @@ class Driver:
     reused and counts as computed (the prefill starts after it)."""
     if r.id in w.tables:
       return True
-    salt = self.opts.shared_salt or f"tenant:{r.tenant}"
-    cached = w.tables.allocate_prefix(r.id, r.prefill_tokens, r.prefill_len, salt,
+    cached = w.tables.allocate_prefix(r.id, r.prefill_tokens, r.prefill_len, self._salt(r),
                                       self.clock.now())
     if cached is None:
       return False
@@ -330,6 +332,10 @@ class Driver:
       return False
     if req in w.running:
       w.running.remove(req)
+    # The KV now holds the prompt and every generated token but the last: name its full
+    # pages so a follow-up turn that repeats this conversation can hit them.
+    w.tables.cache_computed(req.id, req.prompt_len + len(req.output_ids) - 1, now,
+                            token_ids=list(req.prompt_ids) + req.output_ids[:-1])
     w.tables.free(req.id, self.clock.now())
     self._finish(req, Status.FINISHED, now)
     return True
@@ -347,11 +353,17 @@ class Driver:
         return   # decode tier full: the request waits (holding its prefill pages)
       self.transfer_queue.popleft()
       src_pages = src.tables.block_table(r.id)
-      dst_pages = dst.tables.allocate(r.id, need)
+      # With a prefix cache on the decode instance (multi-turn sessions), the pages it already
+      # holds are reused and only the rest move.
+      hit = dst.tables.allocate_prefix(r.id, r.prefill_tokens, need, self._salt(r),
+                                       self.clock.now())
+      skip = hit // self.opts.page_size
+      r.decode_cached_tokens = hit
+      dst_pages = dst.tables.block_table(r.id)
       r.transfer_start_s = self.clock.now()
       try:
-        result = self.transfer_fn(src.instance, src_pages, dst.instance,
-                                  dst_pages[:len(src_pages)])
+        result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
+                                  dst_pages[skip:len(src_pages)])
       except Exception as e:
         now = self.clock.now()
         self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
@@ -362,6 +374,7 @@ class Driver:
                  f"kv transfer {src.name}->{dst.name} failed: {type(e).__name__}: {e}")
         continue
       src.tables.free(r.id, self.clock.now())
+      dst.tables.cache_computed(r.id, r.prompt_len, self.clock.now())
       self._touch(src)
       self._touch(dst)
       r.transfer_end_s = self.clock.now()

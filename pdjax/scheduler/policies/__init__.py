@@ -22,6 +22,7 @@ from pdjax.scheduler.policies.no_role_switch import NoRoleSwitch
 from pdjax.scheduler.policies.power_of_two import PowerOfTwo
 from pdjax.scheduler.policies.predicted_slo import PredictedSlo
 from pdjax.scheduler.policies.prefill_first import PrefillFirst
+from pdjax.scheduler.policies.prefix_hybrid import PrefixHybrid
 from pdjax.scheduler.policies.queue_bound import QueueBound
 from pdjax.scheduler.policies.queue_balance import QueueBalance
 from pdjax.scheduler.policies.random_router import RandomRouter
@@ -32,7 +33,7 @@ ROUTERS = {"round_robin": RoundRobin, "random": RandomRouter, "least_loaded": Le
            "power_of_two": PowerOfTwo, "kv_aware": KvAware, "kv_aware_prefix": KvAwarePrefix,
            "session_sticky": SessionSticky}
 PATHS = {"always_disagg": AlwaysDisagg, "always_colocated": AlwaysColocated,
-         "length_hybrid": LengthHybrid, "load_hybrid": LoadHybrid}
+         "length_hybrid": LengthHybrid, "load_hybrid": LoadHybrid, "prefix_hybrid": PrefixHybrid}
 ADMISSIONS = {"none": NoAdmission, "queue_bound": QueueBound, "predicted_slo": PredictedSlo}
 COLOCATED = {"prefill_first": PrefillFirst, "chunked_prefill": ChunkedPrefill}
 ROLE_SWITCH = {"none": NoRoleSwitch, "queue_balance": QueueBalance}
