@@ -23,7 +23,7 @@ CASES = [
      "config error: unknown config key 'workload.bogus' (in --config.workload.bogus=1)"),
     (["--config.scheduler.path=shortest"],
      "config error: scheduler.path='shortest' is not one of ['always_colocated', "
-     "'always_disagg', 'length_hybrid', 'load_hybrid']"),
+     "'always_disagg', 'length_hybrid', 'load_hybrid', 'prefix_hybrid']"),
     (["--config.workload.kind=foo"],
      "config error: workload.kind='foo' is not one of ['synthetic', 'azure', 'mooncake', "
      "'burstgpt', 'jsonl']"),
