@@ -194,3 +194,32 @@ def test_multi_turn_tokens_identical_with_decode_side_hits(tmp_path):
   assert on_summary["kv_cache"]["decode_hit_tokens"] > 0
   assert on_summary["kv_transfer"]["bytes"] < off_summary["kv_transfer"]["bytes"]
   assert all(r["status"] == "finished" for r in on) and on_summary["kv_pages_leaked"] == 0
+
+
+def test_flush_tenant_leaves_nothing_to_hit_on_any_instance():
+  """After serving tenant a and b (disaggregated: both tiers cache), flushing a forgets every
+  page named under a's salt on both instances; a's next identical request hits nothing on
+  either tier, while b's still hits."""
+  cached, insts = _serve(["a", "b"])
+  assert serving.flush_tenant(insts, "a") == 4 + 4      # prefill-0 and decode-0: 4 pages each
+  assert all(s != "tenant:a" for inst in insts for _, s in inst.tables.cache._entry.values())
+  clock = insts[0].clock
+  reqs = [Request(id=f"x{i}", arrival_s=clock.now() + i, prompt_ids=list(PROMPT), tenant=t,
+                  sampling=SamplingParams(max_new_tokens=3)) for i, t in enumerate("ab")]
+  result = serving.serve("disaggregated", insts, reqs, clock=clock, transfer_fn=sim_transfer)
+  assert [(r.cached_tokens, r.decode_cached_tokens) for r in result.requests] == [
+      (0, 0), (64, 64)]
+
+
+def test_report_has_a_prefix_cache_section_only_when_on():
+  from pdjax.metrics.report_sections import extra_sections
+  kv = {"enabled": True, "hit_rate_tokens": 0.5, "hit_rate_requests": 0.75,
+        "saved_prefill_tokens": 640, "decode_hit_tokens": 128, "evictions": 3, "expiries": 1,
+        "cached_pages_at_end": 9}
+  assert extra_sections({"kv_cache": kv}) == [
+      "## Prefix cache", "",
+      "- Prompt tokens served from a prefill-side cache: 50.0% (640 tokens not recomputed); "
+      "requests with a hit: 75.0%",
+      "- Prompt tokens a decode instance already held (not transferred): 128",
+      "- Cached pages evicted for space: 3; expired: 1; still cached at the end: 9", ""]
+  assert extra_sections({"kv_cache": {**kv, "enabled": False}}) == []

@@ -22,7 +22,7 @@ def _fmt(value, spec: str) -> str:
   return "-" if value is None else format(value, spec)
 
 
-EXTRA_KEYS = ("tiers", "rejects_by_reason", "preemptions", "role_switches")
+EXTRA_KEYS = ("tiers", "rejects_by_reason", "preemptions", "role_switches", "kv_cache")
 
 
 def _report_md(summary: dict, extras: dict | None = None) -> str:

@@ -91,7 +91,22 @@ def extra_sections(extras: dict) -> list[str]:
     lines += rejects_section(extras["rejects_by_reason"])
   if "role_switches" in extras:
     lines += role_switch_section(extras["role_switches"])
+  if extras.get("kv_cache", {}).get("enabled"):
+    lines += kv_cache_section(extras["kv_cache"])
   return lines
+
+
+def kv_cache_section(kv: dict) -> list[str]:
+  """The prefix cache's effect (only when it was on)."""
+  return ["## Prefix cache", "",
+          f"- Prompt tokens served from a prefill-side cache: {_pct(kv['hit_rate_tokens'])}% "
+          f"({kv['saved_prefill_tokens']} tokens not recomputed); requests with a hit: "
+          f"{_pct(kv['hit_rate_requests'])}%",
+          f"- Prompt tokens a decode instance already held (not transferred): "
+          f"{kv.get('decode_hit_tokens', 0)}",
+          f"- Cached pages evicted for space: {kv['evictions']}; expired: "
+          f"{kv.get('expiries', 0)}; still cached at the end: {kv.get('cached_pages_at_end', 0)}",
+          ""]
 
 
 def benefit_section(rows: Sequence[dict]) -> list[str]:
