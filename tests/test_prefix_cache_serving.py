@@ -18,15 +18,29 @@ from pdjax.sim.instance import build_sim_instances, sim_transfer
 PROMPT = [5 + i % 300 for i in range(70)]     # 4 full pages of 16 + 6 tokens
 
 
-def _serve(tenants, mode="disaggregated", shared_salt=""):
+def _cluster(tiers, cache=True):
+  """(clock, simulated instances of the tiny model) with 64-page pools, prefix cache on."""
   clock = ManualClock()
   opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(512,),
                        max_prefill_seqs=4, decode_buckets=(16,))
+  insts = build_sim_instances(tiers, PRESETS["tiny"], opts, hardware="a100", clock=clock)
+  for inst in insts if cache else ():
+    inst.tables.enable_prefix_cache()
+  return clock, insts
+
+
+def _run_cli(out, *flags):
+  """python -m pdjax.run on the smoke config into `out`; fails the test on a non-zero exit."""
+  proc = subprocess.run([sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
+                         "--config.progress=False", *flags, f"--workdir={out}"],
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _serve(tenants, mode="disaggregated", shared_salt=""):
   tiers = ([("prefill", 1, 1), ("decode", 1, 1)] if mode == "disaggregated"
            else [("colocated", 1, 1)])
-  insts = build_sim_instances(tiers, PRESETS["tiny"], opts, hardware="a100", clock=clock)
-  for inst in insts:
-    inst.tables.enable_prefix_cache()
+  clock, insts = _cluster(tiers)
   reqs = [Request(id=f"r{i}", arrival_s=1.0 * i, prompt_ids=list(PROMPT), tenant=tenant,
                   sampling=SamplingParams(max_new_tokens=3)) for i, tenant in enumerate(tenants)]
   result = serving.serve(mode, insts, reqs, clock=clock, transfer_fn=sim_transfer,
@@ -58,12 +72,8 @@ def test_greedy_tokens_identical_with_the_cache_on_and_off(tmp_path):
   records = {}
   for on in (False, True):
     out = tmp_path / str(on)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
-         "--config.progress=False", "--config.workload.preset=rag",
-         "--config.workload.num_requests=12", f"--config.kv.prefix_cache={on}",
-         f"--workdir={out}"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _run_cli(out, "--config.workload.preset=rag", "--config.workload.num_requests=12",
+             f"--config.kv.prefix_cache={on}")
     records[on] = {m: [json.loads(l) for l in (out / m / "requests.jsonl").open()]
                    for m in ("colocated", "chunked", "disaggregated")}
   for m in ("colocated", "chunked", "disaggregated"):
@@ -86,13 +96,7 @@ def test_kv_aware_prefix_routes_to_the_cached_prefix(router, third_goes_to):
   lands on instance 1; r2 (prompt P again) arrives when both are idle: the prefix-aware router
   sends it where P is cached and it hits 64 tokens; least_loaded sends it to instance 0."""
   from pdjax.scheduler import policies as policy_lib
-  clock = ManualClock()
-  opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(512,),
-                       max_prefill_seqs=4, decode_buckets=(16,))
-  insts = build_sim_instances([("colocated", 2, 1)], PRESETS["tiny"], opts, hardware="a100",
-                              clock=clock)
-  for inst in insts:
-    inst.tables.enable_prefix_cache()
+  clock, insts = _cluster([("colocated", 2, 1)])
   other = [400 + i for i in range(70)]
   reqs = [Request(id=f"r{i}", arrival_s=t, prompt_ids=list(p),
                   sampling=SamplingParams(max_new_tokens=3))
@@ -110,11 +114,7 @@ def test_tenant_quota_rejects_at_admission_with_a_reason():
   """Quota 20 pages per tier; each request may grow to 70 + 3 tokens = 5 pages of 16. Four of
   tenant a's arrive together: the first four fit (20 pages), the fifth is rejected; tenant b
   is unaffected; once a's requests finish, a fits again."""
-  clock = ManualClock()
-  opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(512,),
-                       max_prefill_seqs=4, decode_buckets=(16,))
-  insts = build_sim_instances([("prefill", 1, 1), ("decode", 1, 1)], PRESETS["tiny"], opts,
-                              hardware="a100", clock=clock)
+  clock, insts = _cluster([("prefill", 1, 1), ("decode", 1, 1)], cache=False)
   spec = [("a", 0.0)] * 5 + [("b", 0.0), ("a", 5.0)]
   reqs = [Request(id=f"r{i}", arrival_s=t, prompt_ids=list(PROMPT), tenant=tenant,
                   sampling=SamplingParams(max_new_tokens=3)) for i, (tenant, t) in enumerate(spec)]
@@ -130,13 +130,7 @@ def test_tenant_quota_rejects_at_admission_with_a_reason():
 def _two_turns(second_extra, path="always_disagg", threshold=128):
   """Turn 1: PROMPT (70 tokens) in session s; turn 2 a second later: PROMPT + more tokens."""
   from pdjax.scheduler import policies as policy_lib
-  clock = ManualClock()
-  opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(512,),
-                       max_prefill_seqs=4, decode_buckets=(16,))
-  insts = build_sim_instances([("prefill", 1, 1), ("decode", 1, 1)], PRESETS["tiny"], opts,
-                              hardware="a100", clock=clock)
-  for inst in insts:
-    inst.tables.enable_prefix_cache()
+  clock, insts = _cluster([("prefill", 1, 1), ("decode", 1, 1)])
   prompts = [list(PROMPT), list(PROMPT) + [900 + i for i in range(second_extra)]]
   reqs = [Request(id=f"t{i}", arrival_s=float(i), prompt_ids=p, session="s", tenant="a",
                   sampling=SamplingParams(max_new_tokens=3)) for i, p in enumerate(prompts)]
@@ -178,15 +172,11 @@ def test_multi_turn_tokens_identical_with_decode_side_hits(tmp_path):
   runs = {}
   for on in (False, True):
     out = tmp_path / str(on)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
-         "--config.progress=False", "--config.mode=disaggregated",
-         "--config.workload.preset=agent_multiturn", "--config.workload.num_requests=12",
-         "--config.scheduler.decode_router=session_sticky",
-         "--config.scheduler.path=prefix_hybrid", "--config.scheduler.length_threshold=8",
-         f"--config.kv.prefix_cache={on}", f"--workdir={out}"],
-        capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _run_cli(out, "--config.mode=disaggregated", "--config.workload.preset=agent_multiturn",
+             "--config.workload.num_requests=12",
+             "--config.scheduler.decode_router=session_sticky",
+             "--config.scheduler.path=prefix_hybrid", "--config.scheduler.length_threshold=8",
+             f"--config.kv.prefix_cache={on}")
     runs[on] = ([json.loads(l) for l in (out / "requests.jsonl").open()],
                 json.loads((out / "summary.json").read_text()))
   (off, off_summary), (on, on_summary) = runs[False], runs[True]

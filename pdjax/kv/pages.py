@@ -11,6 +11,8 @@ import collections
 import heapq
 from collections.abc import Iterable
 
+from pdjax.kv.prefix_cache import PrefixCache, page_hashes
+
 
 class OutOfPages(Exception):
   """Raised when an allocation needs more pages than are free."""
@@ -99,7 +101,6 @@ class BlockTables:
     self._names: dict[str, tuple[list[bytes], str]] = {}   # seq -> (page names, salt)
 
   def enable_prefix_cache(self, capacity_pages: int = 0, ttl_s: float = 0.0) -> None:
-    from pdjax.kv.prefix_cache import PrefixCache
     self.cache = PrefixCache(self.allocator, self.page_size, capacity_pages=capacity_pages,
                              ttl_s=ttl_s)
 
@@ -149,11 +150,10 @@ class BlockTables:
     self.cache.expire(now)
     max_pages = min((len(token_ids) - 1) // self.page_size, self.pages_needed(num_tokens))
     hits, names = self.cache.match(salt, token_ids, max_pages)
-    idle_hits = sum(1 for p in hits if p in self.cache._idle)
     need = self.pages_needed(num_tokens) - len(hits)
-    if need > self.num_free_pages - idle_hits:
+    if need > self.num_free_pages - self.cache.num_idle(hits):
       return None
-    self.cache.acquire(hits, now)
+    self.cache.acquire(hits)
     self._make_room(need)
     self._tables[seq_id] = hits + self.allocator.allocate(need)
     self._names[seq_id] = (names, salt)
@@ -174,7 +174,6 @@ class BlockTables:
       return 0
     names, salt = self._names[seq_id]
     if token_ids is not None:
-      from pdjax.kv.prefix_cache import page_hashes
       names = page_hashes(salt, token_ids, self.page_size,
                           min(len(token_ids), num_tokens) // self.page_size)
       self._names[seq_id] = (names, salt)

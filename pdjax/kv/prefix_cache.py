@@ -20,6 +20,16 @@ import hashlib
 import struct
 
 
+def salt_for(tenant: str, shared_salt: str = "") -> str:
+  """The salt a tenant's page names use: its own, unless a shared salt opts into sharing."""
+  return shared_salt or f"tenant:{tenant}"
+
+
+def prefix_names(salt: str, token_ids, page_size: int) -> list[bytes]:
+  """Names of the full pages a request can reuse: all but the last token stay to compute."""
+  return page_hashes(salt, token_ids, page_size, (len(token_ids) - 1) // page_size)
+
+
 def page_hashes(salt: str, token_ids, page_size: int, num_pages: int) -> list[bytes]:
   """Chained names of the first num_pages full pages of token_ids."""
   out, prev = [], salt.encode()
@@ -41,7 +51,7 @@ class PrefixCache:
     self._page_of: dict[bytes, int] = {}
     self._entry: dict[int, tuple[bytes, str]] = {}       # page -> (name, salt)
     self._idle: collections.OrderedDict[int, float] = collections.OrderedDict()  # LRU, last use
-    self.stats = collections.Counter()   # hits/lookups (tokens, requests), evictions, expiries
+    self.stats = collections.Counter()   # evictions, expiries
 
   # ---- lookups --------------------------------------------------------------------------
 
@@ -49,13 +59,7 @@ class PrefixCache:
     """The cached pages of the longest cached prefix (at most max_pages), and the names of
     all max_pages leading pages (to register them once computed)."""
     names = page_hashes(salt, token_ids, self.page_size, max_pages)
-    pages = []
-    for name in names:
-      page = self._page_of.get(name)
-      if page is None:
-        break
-      pages.append(page)
-    return pages, names
+    return [self._page_of[name] for name in names[:self.held(names)]], names
 
   def held(self, names: list[bytes]) -> int:
     """How many of these leading page names are cached (a prefix, so it stops at a miss)."""
@@ -66,7 +70,11 @@ class PrefixCache:
       n += 1
     return n
 
-  def acquire(self, pages: list[int], now: float) -> None:
+  def num_idle(self, pages: list[int]) -> int:
+    """How many of these pages are evictable right now."""
+    return sum(1 for p in pages if p in self._idle)
+
+  def acquire(self, pages: list[int]) -> None:
     """A sequence takes the matched pages (refcount + 1; no longer evictable)."""
     self.allocator.incref(pages)
     for p in pages:
@@ -122,7 +130,11 @@ class PrefixCache:
     """Drops evictable pages idle for longer than ttl_s."""
     if not self.ttl_s:
       return 0
-    old = [p for p, t in self._idle.items() if now - t > self.ttl_s]
+    old = []
+    for p, t in self._idle.items():   # least recently used first: stop at the first fresh one
+      if now - t <= self.ttl_s:
+        break
+      old.append(p)
     for p in old:
       self._drop(p)
     self.stats["expiries"] += len(old)
@@ -136,16 +148,10 @@ class PrefixCache:
       self._drop(p)
     return len(pages)
 
-  def clear(self) -> None:
-    for p in list(self._entry):
-      self._drop(p)
-
   def _evict_one(self) -> bool:
     if not self._idle:
       return False
-    page, _ = self._idle.popitem(last=False)
-    self._idle[page] = 0.0   # _drop pops it again
-    self._drop(page)
+    self._drop(next(iter(self._idle)))
     self.stats["evictions"] += 1
     return True
 

@@ -29,6 +29,7 @@ import time
 from collections import deque
 
 from pdjax.kv.pages import OutOfPages
+from pdjax.kv.prefix_cache import salt_for
 from pdjax.request import Request, Status
 from pdjax.scheduler import batching
 from pdjax.scheduler import policies as policy_lib
@@ -190,7 +191,7 @@ class Driver:
       self._touch(worker)
 
   def _salt(self, r: Request) -> str:
-    return self.opts.shared_salt or f"tenant:{r.tenant}"
+    return salt_for(r.tenant, self.opts.shared_salt)
 
   def _quota_reason(self, req: Request, choice: PathChoice) -> str | None:
     """Per-tenant KV quota on each tier the request will use: the pages its admitted requests
@@ -332,10 +333,11 @@ class Driver:
       return False
     if req in w.running:
       w.running.remove(req)
-    # The KV now holds the prompt and every generated token but the last: name its full
-    # pages so a follow-up turn that repeats this conversation can hit them.
-    w.tables.cache_computed(req.id, req.prompt_len + len(req.output_ids) - 1, now,
-                            token_ids=list(req.prompt_ids) + req.output_ids[:-1])
+    if w.tables.cache is not None:
+      # The KV now holds the prompt and every generated token but the last: name its full
+      # pages so a follow-up turn that repeats this conversation can hit them.
+      w.tables.cache_computed(req.id, req.prompt_len + len(req.output_ids) - 1, now,
+                              token_ids=list(req.prompt_ids) + req.output_ids[:-1])
     w.tables.free(req.id, self.clock.now())
     self._finish(req, Status.FINISHED, now)
     return True

@@ -142,7 +142,8 @@ def load_profile(path: str) -> dict:
 
 
 def check_profile(profile: dict, path: str, *, model: dict, dtype: str, tps) -> None:
-  """model: dataclasses.asdict of the LlamaConfig. The profile must describe this model, dtype and every TP degree the run uses."""
+  """The profile must describe this model (dataclasses.asdict of its LlamaConfig), dtype and
+  every TP degree the run uses."""
   if profile["model"] != json.loads(json.dumps(model)) or profile["dtype"] != dtype:
     raise ProfileError(f"sim.profile={path!r} was calibrated for another model or dtype "
                        f"({profile.get('model_name', '?')}, {profile['dtype']}); "

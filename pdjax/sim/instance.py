@@ -76,10 +76,9 @@ def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
   """The KV transfer's cost on the virtual clock (blocking, like the real engine's). A
   calibrated cost models pdjax's engine as measured: pages padded to the transfer bucket, and
   the copy queued behind the destination's step in flight (same device stream)."""
-  moved = getattr(src.cost, "moved_pages", None)
-  num_bytes = src.kv_bytes(moved(len(src_pages)) if moved else len(src_pages))
+  num_bytes = src.kv_bytes(src.cost.moved_pages(len(src_pages)))
   seconds = src.cost.transfer_s(num_bytes)
-  if getattr(src.cost, "transfer_waits_for_destination", False) and dst.last_step is not None:
+  if src.cost.transfer_waits_for_destination and dst.last_step is not None:
     seconds += max(dst.last_step.end_s - src.clock.now(), 0.0)
   src.clock.advance(seconds)
   return TransferResult(bytes=int(num_bytes), seconds=seconds)

@@ -70,6 +70,11 @@ class RooflineCost:
     kv_read = self.kv_bytes_per_token() * sum(contexts)
     return self._time(2 * self.matmul_params * len(contexts) + attn, self.weight_bytes + kv_read)
 
+  transfer_waits_for_destination = False   # an ideal engine overlaps the copy
+
+  def moved_pages(self, num_pages: int) -> int:
+    return num_pages                         # an ideal engine moves exactly the pages
+
   def transfer_s(self, num_bytes: float) -> float:
     link = self.link_bytes_per_s or self.hw.link_bytes_per_s
     return num_bytes / link + self.link_latency_s

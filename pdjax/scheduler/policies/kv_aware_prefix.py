@@ -6,7 +6,7 @@ there (cached tokens weighted by `prefix_weight`), ties broken by free KV pages.
 on the instances this is least-queued-tokens routing. The request's page names are computed
 once per request (same salt rule as the driver: its tenant's, or `shared_salt`)."""
 
-from pdjax.kv.prefix_cache import page_hashes
+from pdjax.kv.prefix_cache import prefix_names, salt_for
 from pdjax.scheduler.policies.base import Router
 
 
@@ -19,9 +19,8 @@ class KvAwarePrefix(Router):
     if not candidates:
       return None
     tokens = req.prefill_tokens
-    salt = self.shared_salt or f"tenant:{req.tenant}"
     page_size = candidates[0].tables.page_size
-    names = page_hashes(salt, tokens, page_size, (len(tokens) - 1) // page_size)
+    names = prefix_names(salt_for(req.tenant, self.shared_salt), tokens, page_size)
     def cost(w):
       saved = w.cached_prefix_pages(names) * page_size
       return (w.queued_tokens() + len(tokens) - self.weight * saved,

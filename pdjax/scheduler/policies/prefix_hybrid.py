@@ -5,7 +5,7 @@ minus the longest prefix some decode instance holds in its prefix cache; when th
 then picks the instance, e.g. kv_aware_prefix or session_sticky); otherwise it goes
 disaggregated. Without prefix caches this is length_hybrid."""
 
-from pdjax.kv.prefix_cache import page_hashes
+from pdjax.kv.prefix_cache import prefix_names, salt_for
 from pdjax.scheduler.policies.always_disagg import DISAGG
 from pdjax.scheduler.policies.base import PathChoice, PathPolicy
 
@@ -20,8 +20,7 @@ class PrefixHybrid(PathPolicy):
     cached = 0
     if decode_tier:
       page_size = decode_tier[0].tables.page_size
-      salt = self.shared_salt or f"tenant:{req.tenant}"
-      names = page_hashes(salt, tokens, page_size, (len(tokens) - 1) // page_size)
+      names = prefix_names(salt_for(req.tenant, self.shared_salt), tokens, page_size)
       cached = max(w.cached_prefix_pages(names) for w in decode_tier) * page_size
     if len(tokens) - cached < self.threshold:
       return PathChoice("colocated", "decode")
