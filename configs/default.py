@@ -44,6 +44,8 @@ def get_config(arg=None):
   c.kv.ttl_s = 0.0                         # cached pages idle longer are dropped (0: never)
   c.kv.shared_salt = ""                    # "" = per-tenant salts (no cross-tenant hits)
   c.kv.tenant_quota_pages = 0              # pages a tenant may hold per tier (0: no quota)
+  c.kv.eviction = "lru"                    # idle cached pages dropped first: lru | lfu
+  c.kv.flush_tenants = ""                  # "tenant@seconds,...": forget its cached pages then
 
   c.scheduler = ml_collections.ConfigDict()
   c.scheduler.prefill_buckets = (64, 128, 256, 512)   # packed prompt tokens per prefill step

@@ -7,8 +7,10 @@ in by the caller once jax is up.
 
 from __future__ import annotations
 
+import math
 import os
 
+from pdjax.kv.prefix_cache import EVICTION_POLICIES
 from pdjax.models.llama_config import PRESETS, LlamaConfig, config_from_hf
 from pdjax.scheduler import policies as policy_lib
 from pdjax.workload.loader import validate_workload
@@ -18,6 +20,23 @@ MODES = ("colocated", "disaggregated", "compare")
 
 class ConfigError(ValueError):
   """A bad config value; str() is the one line shown to the user."""
+
+
+def flush_schedule(cfg) -> tuple[tuple[float, str], ...]:
+  """kv.flush_tenants "tenant@seconds,..." -> ((seconds, tenant), ...) sorted by time: each
+  tenant's cached pages are forgotten on every instance at that time of the run."""
+  text = str(cfg.kv.get("flush_tenants", "") or "").strip()
+  out = []
+  for item in filter(None, (x.strip() for x in text.split(","))):
+    tenant, at, t = item.rpartition("@")
+    try:
+      seconds = float(t)
+    except ValueError:
+      seconds = -1.0
+    _require(bool(at and tenant) and seconds >= 0 and math.isfinite(seconds),
+             "kv.flush_tenants", text, f"item {item!r} is not tenant@seconds (seconds >= 0)")
+    out.append((seconds, tenant))
+  return tuple(sorted(out))
 
 
 def _require(ok: bool, key: str, value, why: str) -> None:
@@ -152,6 +171,9 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(kv.get("cache_pages", 0) >= 0, "kv.cache_pages", kv.get("cache_pages", 0),
            "must be >= 0 (0: the whole pool)")
   _require(kv.get("ttl_s", 0.0) >= 0, "kv.ttl_s", kv.get("ttl_s", 0.0), "must be >= 0 (0: never)")
+  _require(kv.get("eviction", "lru") in EVICTION_POLICIES, "kv.eviction", kv.get("eviction"),
+           f"is not one of {', '.join(EVICTION_POLICIES)}")
+  flush_schedule(cfg)
   for role in ("prefill", "decode", "colocated"):
     pages = cfg.cluster[role].get("kv_pages", 0)
     _require(pages == 0 or pages >= pages_per_seq, f"cluster.{role}.kv_pages", pages,

@@ -86,7 +86,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                                 opts_by_role=options_lib.tier_options(cfg, opts))
   if cfg.kv.prefix_cache:
     for inst in instances:
-      inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s)
+      inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)
   requests, problems = load_workload(cfg.workload, seed=cfg.seed, vocab_size=mcfg.vocab_size,
                                      eos_ids=mcfg.eos_token_ids,
                                      max_model_len=cfg.kv.max_model_len,
@@ -95,7 +95,8 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
     print(f"workload: {line}", file=sys.stderr)
   result = serving.serve(mode, instances, requests, on_progress=on_progress,
                          policies=policies, shared_salt=cfg.kv.shared_salt,
-                         tenant_quota_pages=cfg.kv.tenant_quota_pages, **serve_kwargs)
+                         tenant_quota_pages=cfg.kv.tenant_quota_pages,
+                         flush_schedule=config_lib.flush_schedule(cfg), **serve_kwargs)
   duration = max(result.duration_s, 1e-9)
   summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,
@@ -104,7 +105,8 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                       kv_pages_leaked=serving.kv_pages_leaked(instances))
   summary.update(summarize_extras(result.requests, duration_s=duration, steps=result.steps,
                                   samples=result.samples, role_switches=result.role_switches))
-  summary["kv_cache"] = kv_cache_summary(result.requests, instances)
+  summary["kv_cache"] = kv_cache_summary(result.requests, instances, samples=result.samples,
+                                         flushes=result.flushes)
   summary["steps"] = result.step_counts()
   summary["workload_problems"] = problems
   return summary, result, instances
@@ -128,7 +130,8 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
   plots.plot_tier_timeline(result.steps, result.samples, result.role_switches,
                            os.path.join(workdir, "plots", "tier_timeline.png"))
   write_chrome_trace(os.path.join(workdir, "trace.json"), requests=result.requests,
-                     steps=result.steps, role_switches=result.role_switches)
+                     steps=result.steps, role_switches=result.role_switches,
+                     samples=result.samples)
   return summary, result
 
 

@@ -24,7 +24,8 @@ def driver_options(opts, max_decode_batch: int, pool_pages: int | None = None) -
 
 def serve(mode: str, instances: list, requests: list[Request],
           on_progress=None, policies=None, clock=None, transfer_fn=None,
-          shared_salt: str = "", tenant_quota_pages: int = 0) -> RunResult:
+          shared_salt: str = "", tenant_quota_pages: int = 0,
+          flush_schedule: tuple[tuple[float, str], ...] = ()) -> RunResult:
   """policies: a `pdjax.scheduler.policies.Policies` (default: least_loaded routers,
   always_disagg, no admission control, prefill_first, no role switching). clock and
   transfer_fn default to the real engine's (wall clock, device KV transfer); the simulator
@@ -36,7 +37,8 @@ def serve(mode: str, instances: list, requests: list[Request],
     from pdjax.engine.transfer import transfer_kv as transfer_fn
   pool = min(inst.tables.allocator.num_pages for inst in instances)
   options = dataclasses.replace(driver_options(opts, max_batch, pool), shared_salt=shared_salt,
-                                tenant_quota_pages=tenant_quota_pages)
+                                tenant_quota_pages=tenant_quota_pages,
+                                flush_schedule=tuple(flush_schedule))
   driver = Driver(mode, workers, options=options,
                   clock=clock or WallClock(), transfer_fn=transfer_fn, policies=policies)
   result = driver.run(requests, on_progress=on_progress)

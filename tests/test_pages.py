@@ -113,7 +113,15 @@ def test_leaked_and_invariant_violations():
   with pytest.raises(AssertionError, match="page 1 owned 2 times with refcount 1"):
     bt.check_invariants()
   bt.allocator.incref([1])
+  with pytest.raises(AssertionError,
+                     match="per-sequence page accounting differs from the block tables"):
+    bt.check_invariants()  # "b" bypassed allocate: its pages are not accounted for
+  bt._held["b"] = (1, 1, "")
+  bt.pages_by_owner[""] += 1
   bt.check_invariants()  # Shared prefix page: fine once refcounted.
+  bt.num_unused_slots += 1
+  with pytest.raises(AssertionError, match="unused slots 1 != 0 recounted"):
+    bt.check_invariants()
 
   bt = BlockTables(num_pages=6, page_size=1)
   bt.allocate("a", 2)

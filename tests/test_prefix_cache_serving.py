@@ -211,5 +211,5 @@ def test_report_has_a_prefix_cache_section_only_when_on():
       "- Prompt tokens served from a prefill-side cache: 50.0% (640 tokens not recomputed); "
       "requests with a hit: 75.0%",
       "- Prompt tokens a decode instance already held (not transferred): 128",
-      "- Cached pages evicted for space: 3; expired: 1; still cached at the end: 9", ""]
+      "- Cached pages evicted for space (lru): 3; expired: 1; still cached at the end: 9", ""]
   assert extra_sections({"kv_cache": {**kv, "enabled": False}}) == []

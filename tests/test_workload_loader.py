@@ -29,7 +29,7 @@ def test_defaults():
   assert w.to_dict() == dict(
       kind="synthetic", path="", preset="mixed", arrival="poisson", rate=8.0, num_requests=64,
       time_scale=1.0, burstiness=1.0, on_s=2.0, off_s=2.0, ramp_to_rate=16.0,
-      ignore_eos=False, chat_fraction=0.75, chat_prompt_len=(16, 64),
+      ignore_eos=False, tenants=1, chat_fraction=0.75, chat_prompt_len=(16, 64),
       chat_max_new_tokens=(16, 48), doc_prompt_len=(192, 448), doc_max_new_tokens=(8, 24),
       lognormal_prompt_mean=128.0, lognormal_output_mean=64.0, lognormal_sigma=1.0,
       lognormal_max_prompt_len=384, lognormal_max_output_len=128)
@@ -157,3 +157,20 @@ def test_unused_parameters_are_not_checked():
 def test_max_model_len_must_leave_room():
   with pytest.raises(ValueError, match="max_model_len must be >= 2"):
     load(config(), max_model_len=1)
+
+
+def test_tenants_follow_sessions():
+  requests, _ = load(config(preset="agent_multiturn", num_requests=30, tenants=3))
+  by_session = {}
+  for r in requests:
+    by_session.setdefault(r.session, set()).add(r.tenant)
+  assert all(len(t) == 1 for t in by_session.values())     # a session stays with one tenant
+  assert {r.tenant for r in requests} == {"tenant-0", "tenant-1", "tenant-2"}
+  plain, _ = load(config(num_requests=5, tenants=2))
+  assert [r.tenant for r in plain] == ["tenant-0", "tenant-1", "tenant-0", "tenant-1",
+                                       "tenant-0"]
+
+
+def test_tenants_must_be_a_positive_integer():
+  assert loader.validate_workload(config(tenants=0)) == (
+      "workload.tenants=0 must be an integer >= 1")

@@ -99,10 +99,33 @@ class BlockTables:
     self._tables: dict[str, list[int]] = {}
     self.cache = None                       # a PrefixCache once enable_prefix_cache() runs
     self._names: dict[str, tuple[list[bytes], str]] = {}   # seq -> (page names, salt)
+    # Accounting for reports: pages and tokens each table holds (the unused tail of its last
+    # page is internal fragmentation), and pages held per owner (tenant), now and at peak.
+    self._held: dict[str, tuple[int, int, str]] = {}      # seq -> (pages, tokens, owner)
+    self.num_unused_slots = 0
+    self.pages_by_owner: collections.Counter[str] = collections.Counter()
+    self.peak_pages_by_owner: dict[str, int] = {}
 
-  def enable_prefix_cache(self, capacity_pages: int = 0, ttl_s: float = 0.0) -> None:
+  def enable_prefix_cache(self, capacity_pages: int = 0, ttl_s: float = 0.0,
+                          eviction: str = "lru") -> None:
     self.cache = PrefixCache(self.allocator, self.page_size, capacity_pages=capacity_pages,
-                             ttl_s=ttl_s)
+                             ttl_s=ttl_s, eviction=eviction)
+
+  def _account(self, seq_id: str, num_tokens: int, owner: str = "") -> None:
+    """Records a new or grown table: its tokens (never shrinking) and its owner's pages."""
+    pages = len(self._tables[seq_id])
+    old_pages, old_tokens, owner = self._held.get(seq_id, (0, 0, owner))
+    tokens = max(num_tokens, old_tokens)
+    self.num_unused_slots += (pages - old_pages) * self.page_size - (tokens - old_tokens)
+    self._held[seq_id] = (pages, tokens, owner)
+    self.pages_by_owner[owner] += pages - old_pages
+    if self.pages_by_owner[owner] > self.peak_pages_by_owner.get(owner, 0):
+      self.peak_pages_by_owner[owner] = self.pages_by_owner[owner]
+
+  def _unaccount(self, seq_id: str) -> None:
+    pages, tokens, owner = self._held.pop(seq_id)
+    self.num_unused_slots -= pages * self.page_size - tokens
+    self.pages_by_owner[owner] -= pages
 
   def _make_room(self, n: int) -> None:
     """Evicts idle cached pages until n pages are free (when a cache is on)."""
@@ -118,33 +141,36 @@ class BlockTables:
   def can_allocate(self, num_tokens: int) -> bool:
     return 0 <= self.pages_needed(num_tokens) <= self.num_free_pages
 
-  def allocate(self, seq_id: str, num_tokens: int) -> list[int]:
+  def allocate(self, seq_id: str, num_tokens: int, owner: str = "") -> list[int]:
     """Gives a new sequence enough pages for num_tokens; returns its block table."""
     if seq_id in self._tables:
       raise ValueError(f"sequence {seq_id} already has pages")
     self._make_room(self.pages_needed(num_tokens))
     pages = self.allocator.allocate(self.pages_needed(num_tokens))
     self._tables[seq_id] = pages
+    self._account(seq_id, num_tokens, owner)
     return list(pages)
 
   def extend(self, seq_id: str, num_tokens: int) -> list[int]:
     """Grows seq_id's table to hold num_tokens; returns only the newly added pages."""
     table = self._table(seq_id)
     missing = self.pages_needed(num_tokens) - len(table)
-    if missing <= 0:
-      return []
-    self._make_room(missing)
-    new = self.allocator.allocate(missing)
-    table.extend(new)
+    if missing > 0:
+      self._make_room(missing)
+      new = self.allocator.allocate(missing)
+      table.extend(new)
+    else:
+      new = []
+    self._account(seq_id, num_tokens)
     return new
 
   def allocate_prefix(self, seq_id: str, token_ids, num_tokens: int, salt: str,
-                      now: float = 0.0) -> int | None:
+                      now: float = 0.0, owner: str = "") -> int | None:
     """Like allocate, reusing the cached pages of token_ids' longest cached prefix (at least
     one token is always left to compute). Returns the number of cached tokens, or None (and
     allocates nothing) when the pages do not fit."""
     if self.cache is None:
-      return 0 if self._allocate_or_none(seq_id, num_tokens) else None
+      return 0 if self._allocate_or_none(seq_id, num_tokens, owner) else None
     if seq_id in self._tables:
       raise ValueError(f"sequence {seq_id} already has pages")
     self.cache.expire(now)
@@ -157,12 +183,13 @@ class BlockTables:
     self._make_room(need)
     self._tables[seq_id] = hits + self.allocator.allocate(need)
     self._names[seq_id] = (names, salt)
+    self._account(seq_id, num_tokens, owner)
     return len(hits) * self.page_size
 
-  def _allocate_or_none(self, seq_id: str, num_tokens: int) -> bool:
+  def _allocate_or_none(self, seq_id: str, num_tokens: int, owner: str = "") -> bool:
     if not self.can_allocate(num_tokens):
       return False
-    self.allocate(seq_id, num_tokens)
+    self.allocate(seq_id, num_tokens, owner)
     return True
 
   def cache_computed(self, seq_id: str, num_tokens: int, now: float = 0.0,
@@ -186,6 +213,7 @@ class BlockTables:
   def free(self, seq_id: str, now: float = 0.0) -> None:
     table = self._table(seq_id)
     self.allocator.free(table)
+    self._unaccount(seq_id)
     del self._tables[seq_id]
     self._names.pop(seq_id, None)
     if self.cache is not None:
@@ -206,6 +234,11 @@ class BlockTables:
   def num_free_pages(self) -> int:
     """Free pages plus idle cached ones (evicted on demand)."""
     return self.allocator.num_free + (self.cache.num_evictable if self.cache else 0)
+
+  @property
+  def num_cached_idle_pages(self) -> int:
+    """Cached pages no sequence uses (kept for future hits, evicted on demand)."""
+    return self.cache.num_evictable if self.cache else 0
 
   @property
   def num_used_pages(self) -> int:
@@ -245,6 +278,15 @@ class BlockTables:
       wrong = [p for p in self.cache.cached_pages() if (alloc.refcount(p) == 1) != (p in idle)]
       if wrong:
         raise AssertionError(f"cached page {wrong[0]} is evictable iff unused: broken")
+    if any(self._held.get(seq, (None,))[0] != len(t) for seq, t in self._tables.items()) \
+        or set(self._held) != set(self._tables):
+      raise AssertionError("per-sequence page accounting differs from the block tables")
+    held = {seq: (len(t), self._held[seq][1]) for seq, t in self._tables.items()}
+    unused = sum(n * self.page_size - tokens for n, tokens in held.values())
+    if unused != self.num_unused_slots:
+      raise AssertionError(f"unused slots {self.num_unused_slots} != {unused} recounted")
+    if sum(self.pages_by_owner.values()) != sum(n for n, _ in held.values()):
+      raise AssertionError("pages per owner do not add up to the block tables' pages")
     num_refcounted_free = sum(1 for p in alloc._free if alloc._refcount[p] != 0)
     if num_refcounted_free:
       raise AssertionError(

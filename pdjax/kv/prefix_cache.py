@@ -8,9 +8,14 @@ the tenant's own unless an explicit shared salt is configured, so one tenant can
 
 The cache holds one reference on every page it names. A cached page that no sequence uses
 (refcount 1: the cache's own) is *evictable*: it stays until its space is needed (least
-recently used first), until more than `capacity_pages` pages are cached, until it is older
-than `ttl_s` since last use, or until its salt is flushed. Allocation evicts on demand, so a
-cached page never blocks a request that would otherwise fit.
+recently used first by default; `eviction="lfu"` drops the least-hit page first, ties by
+recency), until more than `capacity_pages` pages are cached, until it is older than `ttl_s`
+since last use, or until its salt is flushed. Allocation evicts on demand, so a cached page
+never blocks a request that would otherwise fit.
+
+Hits are counted per page and per *prefix* (the deepest page a request matched, with its
+depth), which is what the summary's hot prefixes report: the shared system prompts and documents that earn the
+cache its keep.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import collections
 import hashlib
 import struct
+
+EVICTION_POLICIES = ("lru", "lfu")
 
 
 def salt_for(tenant: str, shared_salt: str = "") -> str:
@@ -43,11 +50,18 @@ def page_hashes(salt: str, token_ids, page_size: int, num_pages: int) -> list[by
 
 class PrefixCache:
 
-  def __init__(self, allocator, page_size: int, *, capacity_pages: int = 0, ttl_s: float = 0.0):
-    """capacity_pages: most pages named at once (0: the whole pool); ttl_s: 0 = no expiry."""
+  def __init__(self, allocator, page_size: int, *, capacity_pages: int = 0, ttl_s: float = 0.0,
+               eviction: str = "lru"):
+    """capacity_pages: most pages named at once (0: the whole pool); ttl_s: 0 = no expiry;
+    eviction: "lru" | "lfu"."""
+    if eviction not in EVICTION_POLICIES:
+      raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {eviction!r}")
     self.allocator, self.page_size = allocator, page_size
     self.capacity = capacity_pages or allocator.num_pages
-    self.ttl_s = ttl_s
+    self.ttl_s, self.eviction = ttl_s, eviction
+    self._page_hits: collections.Counter[int] = collections.Counter()   # cached page -> hits
+    self.prefix_hits: collections.Counter[tuple[str, bytes]] = collections.Counter()
+    self.prefix_pages: dict[tuple[str, bytes], int] = {}   # (salt, deepest name) -> depth
     self._page_of: dict[bytes, int] = {}
     self._entry: dict[int, tuple[bytes, str]] = {}       # page -> (name, salt)
     self._idle: collections.OrderedDict[int, float] = collections.OrderedDict()  # LRU, last use
@@ -75,10 +89,15 @@ class PrefixCache:
     return sum(1 for p in pages if p in self._idle)
 
   def acquire(self, pages: list[int]) -> None:
-    """A sequence takes the matched pages (refcount + 1; no longer evictable)."""
+    """A sequence takes the matched pages (refcount + 1; no longer evictable): a hit."""
     self.allocator.incref(pages)
     for p in pages:
       self._idle.pop(p, None)
+      self._page_hits[p] += 1
+    if pages:
+      name, salt = self._entry[pages[-1]]
+      self.prefix_hits[(salt, name)] += 1
+      self.prefix_pages[(salt, name)] = len(pages)
 
   def insert(self, names: list[bytes], pages: list[int], salt: str, now: float) -> int:
     """Names computed full pages (the cache takes a reference); already-named content and
@@ -151,7 +170,11 @@ class PrefixCache:
   def _evict_one(self) -> bool:
     if not self._idle:
       return False
-    self._drop(next(iter(self._idle)))
+    if self.eviction == "lfu":   # least hits; min() keeps the first (least recent) of ties
+      victim = min(self._idle, key=self._page_hits.__getitem__)
+    else:
+      victim = next(iter(self._idle))
+    self._drop(victim)
     self.stats["evictions"] += 1
     return True
 
@@ -159,4 +182,5 @@ class PrefixCache:
     name, _ = self._entry.pop(page)
     del self._page_of[name]
     self._idle.pop(page, None)
+    self._page_hits.pop(page, None)
     self.allocator.free([page])

@@ -1,22 +1,35 @@
-"""The `kv_cache` object of summary.json: what the prefix cache saved (pure Python).
+"""The `kv_cache` object of summary.json: what the prefix cache saved, and how the page pools
+were used (pure Python).
 
 hit_rate_tokens: prompt tokens served from a prefill-side cache / prompt tokens of requests
 that were prefilled; hit_rate_requests: share of those requests with any hit;
 saved_prefill_tokens: the tokens not recomputed; decode_hit_tokens: prompt tokens a decode
 instance already held, so their KV was not transferred; evictions / expiries: cached pages
-dropped for space / for age, over all instances; cached_pages_at_end: pages still named.
+dropped for space / for age, over all instances; cached_pages_at_end: pages still named;
+hot_prefixes: the most-hit prefixes over all instances ({"salt", "prefix", "pages", "hits",
+"saved_tokens"}); flushes: the tenant flushes that ran ({"t_s", "tenant", "pages"}).
+
+Pool use (also with the cache off): internal_fragmentation is the share of allocated slots no
+token occupies (the unused tail of each sequence's last page), over every state sample,
+weighted by pages in use; pages_per_tenant is each tenant's peak pages on one instance, per
+tier (the role the instance was built with).
 """
 
 from __future__ import annotations
 
+import collections
 
-def kv_cache_summary(requests, instances) -> dict:
+HOT_PREFIXES = 5
+
+
+def kv_cache_summary(requests, instances, samples=(), flushes=()) -> dict:
   prefilled = [r for r in requests if r.prefill_start_s is not None]
   prompt = sum(r.prompt_len for r in prefilled)
   cached = sum(r.cached_tokens for r in prefilled)
   caches = [i.tables.cache for i in instances if i.tables.cache is not None]
   return {
       "enabled": bool(caches),
+      "eviction": caches[0].eviction if caches else None,
       "hit_rate_tokens": cached / prompt if prompt else 0.0,
       "hit_rate_requests": (sum(r.cached_tokens > 0 for r in prefilled) / len(prefilled)
                             if prefilled else 0.0),
@@ -25,4 +38,38 @@ def kv_cache_summary(requests, instances) -> dict:
       "evictions": sum(c.stats["evictions"] for c in caches),
       "expiries": sum(c.stats["expiries"] for c in caches),
       "cached_pages_at_end": sum(c.num_cached for c in caches),
+      "hot_prefixes": hot_prefixes(caches),
+      "flushes": list(flushes),
+      "internal_fragmentation": internal_fragmentation(
+          samples, instances[0].tables.page_size if instances else 1),
+      "pages_per_tenant": pages_per_tenant(instances),
   }
+
+
+def hot_prefixes(caches, top: int = HOT_PREFIXES) -> list[dict]:
+  """The most-hit prefixes, hits summed over instances (same salt and name = same content)."""
+  hits: collections.Counter = collections.Counter()
+  pages: dict = {}
+  for c in caches:
+    hits.update(c.prefix_hits)
+    pages.update(c.prefix_pages)
+  ranked = sorted(hits.items(), key=lambda kv: (-kv[1], -pages[kv[0]], kv[0]))[:top]
+  page_size = caches[0].page_size if caches else 0
+  return [{"salt": salt, "prefix": name.hex()[:16], "pages": pages[(salt, name)], "hits": n,
+           "saved_tokens": n * pages[(salt, name)] * page_size}
+          for (salt, name), n in ranked]
+
+
+def internal_fragmentation(samples, page_size: int) -> float:
+  used = sum(s["kv_pages_used"] for s in samples if "kv_slots_unused" in s) * page_size
+  unused = sum(s["kv_slots_unused"] for s in samples if "kv_slots_unused" in s)
+  return unused / used if used else 0.0
+
+
+def pages_per_tenant(instances) -> dict[str, dict[str, int]]:
+  out: dict[str, dict[str, int]] = {}
+  for inst in instances:
+    for tenant, peak in inst.tables.peak_pages_by_owner.items():
+      per = out.setdefault(tenant or "(none)", {})
+      per[inst.role] = max(per.get(inst.role, 0), peak)
+  return {t: dict(sorted(v.items())) for t, v in sorted(out.items())}

@@ -93,8 +93,9 @@ def plot_goodput_curves(curves: dict[str, Sequence[tuple[float, float]]], target
 def plot_tier_timeline(steps: Sequence[dict], samples: Sequence[dict],
                        role_switches: Sequence[dict], path: str) -> str:
   """One panel per instance: queue depth and running batch size over time (step
-  functions from the samples), busy intervals as a band under the axis, and a vertical
-  marker at every role switch."""
+  functions from the samples), page-pool occupancy (% of the pool held by sequences, and
+  % cached but idle when a prefix cache is on) on a right-hand axis, busy intervals as a band
+  under the axis, and a vertical marker at every role switch."""
   plt = _pyplot()
   names = sorted({s["instance"] for s in steps} | {s["instance"] for s in samples}
                  | {s["instance"] for s in role_switches})
@@ -111,6 +112,16 @@ def plot_tier_timeline(steps: Sequence[dict], samples: Sequence[dict],
       ts = [s["t"] for s in smp]
       ax.step(ts, [s["queued"] for s in smp], where="post", label="queued")
       ax.step(ts, [s["running"] for s in smp], where="post", label="running")
+      kv_ax = ax.twinx()
+      total = [max(1, s["kv_pages_total"]) for s in smp]
+      kv_ax.step(ts, [100 * s["kv_pages_used"] / n for s, n in zip(smp, total)], where="post",
+                 color="purple", alpha=0.6, linewidth=1, label="KV used %")
+      if any(s.get("kv_pages_cached") for s in smp):
+        kv_ax.step(ts, [100 * s.get("kv_pages_cached", 0) / n for s, n in zip(smp, total)],
+                   where="post", color="green", alpha=0.6, linewidth=1, label="KV cached %")
+      kv_ax.set_ylim(0, 105)
+      kv_ax.tick_params(labelsize=7)
+      kv_ax.legend(loc="upper left", fontsize=7)
     spans = [(s["start_s"], max(0.0, s["end_s"] - s["start_s"]))
              for s in steps if s["instance"] == name]
     if spans:

@@ -91,22 +91,52 @@ def extra_sections(extras: dict) -> list[str]:
     lines += rejects_section(extras["rejects_by_reason"])
   if "role_switches" in extras:
     lines += role_switch_section(extras["role_switches"])
+  if "kv_cache" in extras:
+    lines += kv_pages_section(extras["kv_cache"])
   if extras.get("kv_cache", {}).get("enabled"):
     lines += kv_cache_section(extras["kv_cache"])
   return lines
 
 
+def kv_pages_section(kv: dict) -> list[str]:
+  """How the page pools were used: internal fragmentation and, with named tenants, each
+  tenant's peak pages on one instance per tier."""
+  if "internal_fragmentation" not in kv:
+    return []
+  lines = ["## KV pages", "",
+           f"- Internal fragmentation (allocated slots no token occupies): "
+           f"{_pct(kv['internal_fragmentation'])}%", ""]
+  tenants = kv.get("pages_per_tenant") or {}
+  if set(tenants) - {"(none)"}:
+    roles = sorted({role for per in tenants.values() for role in per})
+    rows = [[t] + [str(per.get(role, 0)) for role in roles] for t, per in tenants.items()]
+    lines += ["Peak pages a tenant held on one instance:", ""]
+    lines += md_table(["tenant"] + roles, rows, "l" + "r" * len(roles)) + [""]
+  return lines
+
+
 def kv_cache_section(kv: dict) -> list[str]:
   """The prefix cache's effect (only when it was on)."""
-  return ["## Prefix cache", "",
-          f"- Prompt tokens served from a prefill-side cache: {_pct(kv['hit_rate_tokens'])}% "
-          f"({kv['saved_prefill_tokens']} tokens not recomputed); requests with a hit: "
-          f"{_pct(kv['hit_rate_requests'])}%",
-          f"- Prompt tokens a decode instance already held (not transferred): "
-          f"{kv.get('decode_hit_tokens', 0)}",
-          f"- Cached pages evicted for space: {kv['evictions']}; expired: "
-          f"{kv.get('expiries', 0)}; still cached at the end: {kv.get('cached_pages_at_end', 0)}",
-          ""]
+  lines = ["## Prefix cache", "",
+           f"- Prompt tokens served from a prefill-side cache: {_pct(kv['hit_rate_tokens'])}% "
+           f"({kv['saved_prefill_tokens']} tokens not recomputed); requests with a hit: "
+           f"{_pct(kv['hit_rate_requests'])}%",
+           f"- Prompt tokens a decode instance already held (not transferred): "
+           f"{kv.get('decode_hit_tokens', 0)}",
+           f"- Cached pages evicted for space ({kv.get('eviction') or 'lru'}): "
+           f"{kv['evictions']}; expired: {kv.get('expiries', 0)}; still cached at the end: "
+           f"{kv.get('cached_pages_at_end', 0)}"]
+  for f in kv.get("flushes", []):
+    lines.append(f"- Tenant {f['tenant']!r} flushed at {f['t_s']:.3f} s: {f['pages']} cached "
+                 f"pages forgotten")
+  lines.append("")
+  hot = kv.get("hot_prefixes") or []
+  if hot:
+    rows = [[h["prefix"], h["salt"], str(h["pages"]), str(h["hits"]), str(h["saved_tokens"])]
+            for h in hot]
+    lines += ["Hot prefixes (deepest page a hit matched):", ""]
+    lines += md_table(["prefix", "salt", "pages", "hits", "tokens saved"], rows, "llrrr") + [""]
+  return lines
 
 
 def benefit_section(rows: Sequence[dict]) -> list[str]:

@@ -7,7 +7,7 @@ per role switch. Process 2 "requests": one thread per request (in the given orde
 transfer (the KV transfer gap), wait_decode (transfer end, or prefill end, -> decode
 start; only when positive) and decode (decode start -> finish); a phase with a None
 timestamp is left out. Rejected and failed requests get an instant event at finish_s.
-Timestamps are microseconds on the run's clock.
+Page-pool occupancy is a counter track per instance on process 1. Timestamps are microseconds on the run's clock.
 """
 
 from __future__ import annotations
@@ -94,11 +94,20 @@ def request_events(requests: Sequence[Request]) -> list[dict]:
   return events
 
 
+def pool_counters(samples: Sequence[dict]) -> list[dict]:
+  """Process 1: a counter track "kv pages <instance>" per instance (pages used by sequences,
+  cached idle pages), one point per state sample."""
+  return [{"name": f"kv pages {s['instance']}", "ph": "C", "ts": _us(s["t"]),
+           "pid": INSTANCES_PID,
+           "args": {"used": s["kv_pages_used"], "cached_idle": s.get("kv_pages_cached", 0)}}
+          for s in samples]
+
+
 def write_chrome_trace(path: str, *, requests: Sequence[Request], steps: Sequence[dict],
-                       role_switches: Sequence[dict]) -> None:
+                       role_switches: Sequence[dict], samples: Sequence[dict] = ()) -> None:
   """Writes {"traceEvents": [...], "displayTimeUnit": "ms"} to path."""
-  trace = {"traceEvents": instance_events(steps, role_switches) + request_events(requests),
-           "displayTimeUnit": "ms"}
+  trace = {"traceEvents": instance_events(steps, role_switches) + request_events(requests)
+           + pool_counters(samples), "displayTimeUnit": "ms"}
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
     json.dump(trace, f)

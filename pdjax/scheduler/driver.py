@@ -50,6 +50,7 @@ class DriverOptions:
   page_size: int
   shared_salt: str = ""      # prefix cache: one salt for all tenants ("" = per tenant)
   tenant_quota_pages: int = 0   # KV pages a tenant may hold or reserve per tier (0: no quota)
+  flush_schedule: tuple[tuple[float, str], ...] = ()   # (seconds, tenant): forget its cache
 
 
 @dataclasses.dataclass
@@ -61,6 +62,7 @@ class RunResult:
   samples: list[dict]        # worker state at each dispatch
   role_switches: list[dict]
   preemptions: int
+  flushes: list[dict] = dataclasses.field(default_factory=list)   # {"t_s", "tenant", "pages"}
 
   def step_counts(self) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
@@ -98,6 +100,8 @@ class Driver:
     self.samples: list[dict] = []
     self.role_switches: list[dict] = []
     self.preemptions = 0
+    self.flushes: list[dict] = []
+    self._flush_queue = deque(sorted(options.flush_schedule))
     self._terminal = 0
     self._touched = set(range(len(workers)))   # idle workers to plan on the next turn
     self._index = {id(w): i for i, w in enumerate(workers)}
@@ -128,6 +132,7 @@ class Driver:
     self._terminal = sum(r.status.terminal for r in requests)
     done = self._terminal
     while True:
+      self._flush_tenants(self.clock.now())
       self._admit(arrivals)
       self._switch_roles()
       self._start_transfers()
@@ -144,13 +149,27 @@ class Driver:
       if inflight:
         continue
       if arrivals:
-        self.clock.sleep_until(arrivals[0].arrival_s)
+        due = arrivals[0].arrival_s
+        if self._flush_queue:
+          due = min(due, self._flush_queue[0][0])
+        self.clock.sleep_until(due)
         continue
       if done == len(requests):
         break
       self._fail_stalled(requests)   # nothing in flight, nothing to come: cannot progress
+    self._flush_tenants(float("inf"))   # flushes scheduled past the last request: at the end
     return RunResult(requests, self.transfers, self.clock.now(), self.steps, self.samples,
-                     self.role_switches, self.preemptions)
+                     self.role_switches, self.preemptions, self.flushes)
+
+  def _flush_tenants(self, now: float) -> None:
+    """Runs the scheduled tenant flushes that are due: nothing of theirs can be hit after."""
+    while self._flush_queue and self._flush_queue[0][0] <= now:
+      _, tenant = self._flush_queue.popleft()
+      salt = salt_for(tenant, self.opts.shared_salt)
+      pages = sum(w.tables.cache.flush(salt) for w in self.workers if w.tables.cache is not None)
+      self.flushes.append({"t_s": self.clock.now(), "tenant": tenant, "pages": pages})
+      for w in self.workers:
+        self._touch(w)   # freed pages may let a waiting request in
 
   def _wait_any(self, inflight: list[Worker]) -> list[Worker]:
     """The in-flight workers whose step is done, polling until at least one is."""
@@ -240,7 +259,9 @@ class Driver:
     self.samples.append({"t": now, "instance": w.name, "role": w.role,
                          "queued": w.num_waiting(), "running": w.num_running(),
                          "kv_pages_used": w.tables.num_used_pages,
-                         "kv_pages_total": w.total_pages()})
+                         "kv_pages_total": w.total_pages(),
+                         "kv_pages_cached": w.tables.num_cached_idle_pages,
+                         "kv_slots_unused": w.tables.num_unused_slots})
     try:
       w.inflight = Step(plan, call(), now, kind)
     except Exception as e:  # a failed step fails its requests, never the run
@@ -252,7 +273,7 @@ class Driver:
     if r.id in w.tables:
       return True
     cached = w.tables.allocate_prefix(r.id, r.prefill_tokens, r.prefill_len, self._salt(r),
-                                      self.clock.now())
+                                      self.clock.now(), owner=r.tenant)
     if cached is None:
       return False
     r.num_computed_tokens = cached
@@ -358,7 +379,7 @@ class Driver:
       # With a prefix cache on the decode instance (multi-turn sessions), the pages it already
       # holds are reused and only the rest move.
       hit = dst.tables.allocate_prefix(r.id, r.prefill_tokens, need, self._salt(r),
-                                       self.clock.now())
+                                       self.clock.now(), owner=r.tenant)
       skip = hit // self.opts.page_size
       r.decode_cached_tokens = hit
       dst_pages = dst.tables.block_table(r.id)

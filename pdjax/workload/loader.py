@@ -44,6 +44,7 @@ def default_workload_config() -> ml_collections.ConfigDict:
   w.off_s = 2.0                     # onoff: seconds off (no arrivals)
   w.ramp_to_rate = 16.0             # ramp: rate at the last arrival
   w.ignore_eos = False
+  w.tenants = 1                     # synthetic: requests spread over tenant-0..; by session
   w.chat_fraction = 0.75            # mixed preset: share of chat requests
   w.chat_prompt_len = (16, 64)
   w.chat_max_new_tokens = (16, 48)
@@ -82,6 +83,7 @@ def validate_workload(w) -> str | None:
         ("preset", lambda v: v in PRESETS, f"is not one of {list(PRESETS)}"),
         ("arrival", lambda v: v in ARRIVALS, f"is not one of {list(ARRIVALS)}"),
         ("rate", lambda v: 0 < v < float("inf"), "must be > 0 (requests per second)"),
+        ("tenants", lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1"),
     ]
     arrival = _get(w, "arrival")
     if arrival == "gamma":
@@ -136,6 +138,19 @@ def _synthetic(w, *, seed: int, vocab_size: int,
   return times, specs
 
 
+def _tenants(specs, n: int) -> list[str]:
+  """Each synthetic request's tenant: with n > 1, tenant-<k> by order of first appearance of
+  its session (a session stays with one tenant), or of the request itself without one."""
+  if n <= 1:
+    return [spec.tenant for spec in specs]
+  index: dict[str, int] = {}
+  out = []
+  for i, spec in enumerate(specs):
+    key = spec.session or f"#{i}"
+    out.append(f"tenant-{index.setdefault(key, len(index)) % n}")
+  return out
+
+
 def load_workload(w, *, seed: int, vocab_size: int, eos_ids: tuple[int, ...],
                   max_model_len: int,
                   temperature: float = 0.0) -> tuple[list[Request], list[str]]:
@@ -162,10 +177,11 @@ def load_workload(w, *, seed: int, vocab_size: int, eos_ids: tuple[int, ...],
 
   times, specs = _synthetic(w, seed=seed, vocab_size=vocab_size, eos_ids=eos_ids)
   fitted, truncated = [], 0
-  for spec in specs:
+  tenant_of = _tenants(specs, int(_get(w, "tenants")))
+  for spec, tenant in zip(specs, tenant_of):
     prompt_len, new = fit_lengths(len(spec.prompt_ids), spec.max_new_tokens, max_model_len)
     truncated += (prompt_len, new) != (len(spec.prompt_ids), spec.max_new_tokens)
-    fitted.append(RequestSpec(spec.prompt_ids[:prompt_len], new, spec.tenant, spec.session))
+    fitted.append(RequestSpec(spec.prompt_ids[:prompt_len], new, tenant, spec.session))
   times = [t * time_scale for t in times]   # Synthetic gaps run from 0.
   requests = specs_to_requests(times, fitted, temperature=temperature, eos_ids=eos_ids,
                                ignore_eos=ignore_eos)
