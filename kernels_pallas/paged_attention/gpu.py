@@ -70,6 +70,9 @@ def _decode_kernel(
     s = plgpu.dot(q, k, trans_b=True, precision=precision) * sm_scale  # [block_h, block_k]
     live = i * block_k + jnp.arange(block_k) < length
     s = jnp.where(live[None, :], s, _MASK_VALUE)
+    # Slots past the length (a page's tail, table padding) may hold a previous owner's
+    # NaN/inf: zero them, since a zero probability times NaN (or inf) is still NaN.
+    v = jnp.where(live[:, None], v, jnp.zeros((), v.dtype))
     m_next = jnp.maximum(m_prev, s.max(axis=1))
     alpha = jnp.exp(m_prev - m_next)
     p = jnp.exp(s - m_next[:, None])

@@ -75,9 +75,12 @@ def _prefill_kernel(
       k = k_pages_ref[pages].reshape(block_k, head_dim)       # [block_k, head_dim]
       v = v_pages_ref[pages].reshape(block_k, head_dim)       # [block_k, head_dim]
       s = plgpu.dot(q, k, trans_b=True, precision=precision) * sm_scale  # [rows, block_k]
-      if causal:
+      if causal:  # Only the last blocks can reach past kv_len.
         k_pos = i * block_k + jnp.arange(block_k)
         s = jnp.where(k_pos[None, :] <= q_pos[:, None], s, _MASK_VALUE)
+        # Slots past kv_len (a page's tail, table padding) may hold a previous owner's
+        # NaN/inf: zero them, since a zero probability times NaN (or inf) is still NaN.
+        v = jnp.where((k_pos < kv_len)[:, None], v, jnp.zeros((), v.dtype))
       m_next = jnp.maximum(m_prev, s.max(axis=1))
       alpha = jnp.exp(m_prev - m_next)
       p = jnp.exp(s - m_next[:, None])
