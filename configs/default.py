@@ -46,6 +46,11 @@ def get_config(arg=None):
   c.kv.tenant_quota_pages = 0              # pages a tenant may hold per tier (0: no quota)
   c.kv.eviction = "lru"                    # idle cached pages dropped first: lru | lfu
   c.kv.flush_tenants = ""                  # "tenant@seconds,...": forget its cached pages then
+  c.kv.transfer_failure_policy = "retry_then_recompute"   # or "fail"
+  c.kv.transfer_retries = 3                # retries of a failed KV transfer before the policy
+  c.kv.transfer_backoff_s = 0.005          # first retry's delay (doubles per retry)
+  c.kv.transfer_timeout_s = 0.0            # an attempt stalled longer fails (0: no timeout)
+  c.kv.lease_s = 60.0                      # prefill KV no decode instance pulls: reclaimed (0: never)
 
   c.scheduler = ml_collections.ConfigDict()
   c.scheduler.prefill_buckets = (64, 128, 256, 512)   # packed prompt tokens per prefill step
@@ -72,6 +77,17 @@ def get_config(arg=None):
   c.sampling = ml_collections.ConfigDict(dict(temperature=0.0))
   c.slo = ml_collections.ConfigDict(dict(ttft_s=1.0, tpot_s=0.1, attainment=0.9))
   c.progress = True
+  c.debug = False                          # check every invariant after every scheduler turn
+
+  c.faults = ml_collections.ConfigDict()   # fault injection, seeded, all off by default
+  c.faults.seed = -1                       # -1: the run's seed
+  c.faults.transfer_fail_prob = 0.0        # each KV transfer attempt fails with this probability
+  c.faults.transfer_delay = ""             # const:S | exp:MEAN | uniform:LO:HI extra seconds
+  c.faults.slow_instance = ""              # "name:factor@seconds,...": steps factor x slower
+  c.faults.kill_instance = ""              # "name@seconds,...": the instance dies then
+  c.faults.restart_s = 0.0                 # a killed instance is back after this (0: never)
+  c.faults.cancel_prob = 0.0               # a client aborts a request with this probability
+  c.faults.cancel_stages = "queued,prefill,transfer_wait,transfer,decode"
 
   c.sim = ml_collections.ConfigDict()      # backend=sim only
   c.sim.cost_model = "roofline"            # roofline (hardware preset) | calibrated (sim.profile)

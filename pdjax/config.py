@@ -22,6 +22,22 @@ class ConfigError(ValueError):
   """A bad config value; str() is the one line shown to the user."""
 
 
+TRANSFER_FAILURE_POLICIES = ("retry_then_recompute", "fail")
+
+
+def fault_spec(cfg):
+  """The run's FaultSpec (faults.*), with instance names checked against the cluster."""
+  from pdjax.faults.spec import FaultSpecError, check_instance_names, parse_faults
+  try:
+    spec = parse_faults(cfg.get("faults", {}), cfg.seed)
+    names = sorted({f"{role}-{i}" for mode in {RUNS[m] for m in modes(cfg)}
+                    for role, n, _ in tiers(cfg)[mode] for i in range(n)})
+    check_instance_names(spec, names)
+  except FaultSpecError as e:
+    raise ConfigError(str(e)) from None
+  return spec
+
+
 def flush_schedule(cfg) -> tuple[tuple[float, str], ...]:
   """kv.flush_tenants "tenant@seconds,..." -> ((seconds, tenant), ...) sorted by time: each
   tenant's cached pages are forgotten on every instance at that time of the run."""
@@ -174,6 +190,15 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(kv.get("eviction", "lru") in EVICTION_POLICIES, "kv.eviction", kv.get("eviction"),
            f"is not one of {', '.join(EVICTION_POLICIES)}")
   flush_schedule(cfg)
+  _require(kv.get("transfer_failure_policy", "retry_then_recompute") in TRANSFER_FAILURE_POLICIES,
+           "kv.transfer_failure_policy", kv.get("transfer_failure_policy"),
+           f"is not one of {', '.join(TRANSFER_FAILURE_POLICIES)}")
+  _require(isinstance(kv.get("transfer_retries", 3), int) and kv.get("transfer_retries", 3) >= 0,
+           "kv.transfer_retries", kv.get("transfer_retries"), "must be an integer >= 0")
+  for key in ("transfer_backoff_s", "transfer_timeout_s", "lease_s"):
+    v = kv.get(key, 0.0)
+    _require(math.isfinite(v) and v >= 0, f"kv.{key}", v, "must be a finite number >= 0")
+  fault_spec(cfg)
   for role in ("prefill", "decode", "colocated"):
     pages = cfg.cluster[role].get("kv_pages", 0)
     _require(pages == 0 or pages >= pages_per_seq, f"cluster.{role}.kv_pages", pages,

@@ -18,10 +18,11 @@ class Status(str, enum.Enum):
   FINISHED = "finished"
   REJECTED = "rejected"
   FAILED = "failed"
+  CANCELLED = "cancelled"      # the client aborted it
 
   @property
   def terminal(self) -> bool:
-    return self in (Status.FINISHED, Status.REJECTED, Status.FAILED)
+    return self in (Status.FINISHED, Status.REJECTED, Status.FAILED, Status.CANCELLED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Request:
   num_computed_tokens: int = 0          # of prefill_tokens, already in the KV cache
   cached_tokens: int = 0                # prompt tokens served from the prefix cache
   decode_cached_tokens: int = 0         # prompt tokens the decode instance held (not moved)
+  fallbacks: list[str] = dataclasses.field(default_factory=list)   # recoveries, in order
   finish_s: float | None = None
 
   @property
@@ -147,4 +149,5 @@ class Request:
         "decode_start_s": self.decode_start_s,
         "finish_s": self.finish_s,
         "preemptions": self.preemptions,
+        "fallbacks": list(self.fallbacks),
     }

@@ -58,6 +58,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   """Builds the run's instances (real or simulated), serves the workload; returns (summary,
   RunResult, instances). Writes nothing."""
   from pdjax import serving
+  from pdjax.metrics.faults import fault_summary
   from pdjax.metrics.kv_cache import kv_cache_summary
   from pdjax.metrics.summary import summarize, summarize_extras
   from pdjax.workload.loader import load_workload
@@ -93,10 +94,18 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                                      temperature=cfg.sampling.temperature)
   for line in problems if not quiet else ():
     print(f"workload: {line}", file=sys.stderr)
+  from pdjax.faults.injector import FaultInjector
+  kv = cfg.kv
   result = serving.serve(mode, instances, requests, on_progress=on_progress,
-                         policies=policies, shared_salt=cfg.kv.shared_salt,
-                         tenant_quota_pages=cfg.kv.tenant_quota_pages,
-                         flush_schedule=config_lib.flush_schedule(cfg), **serve_kwargs)
+                         policies=policies, injector=FaultInjector(config_lib.fault_spec(cfg)),
+                         shared_salt=kv.shared_salt, tenant_quota_pages=kv.tenant_quota_pages,
+                         flush_schedule=config_lib.flush_schedule(cfg),
+                         vocab_size=mcfg.vocab_size,
+                         transfer_failure_policy=kv.transfer_failure_policy,
+                         transfer_retries=kv.transfer_retries,
+                         transfer_backoff_s=kv.transfer_backoff_s,
+                         transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
+                         debug=cfg.debug, **serve_kwargs)
   duration = max(result.duration_s, 1e-9)
   summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,
@@ -107,6 +116,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                                   samples=result.samples, role_switches=result.role_switches))
   summary["kv_cache"] = kv_cache_summary(result.requests, instances, samples=result.samples,
                                          flushes=result.flushes)
+  summary["faults"] = fault_summary(result.requests, result.faults)
   summary["steps"] = result.step_counts()
   summary["workload_problems"] = problems
   return summary, result, instances

@@ -24,23 +24,21 @@ def driver_options(opts, max_decode_batch: int, pool_pages: int | None = None) -
 
 def serve(mode: str, instances: list, requests: list[Request],
           on_progress=None, policies=None, clock=None, transfer_fn=None,
-          shared_salt: str = "", tenant_quota_pages: int = 0,
-          flush_schedule: tuple[tuple[float, str], ...] = ()) -> RunResult:
+          injector=None, **overrides) -> RunResult:
   """policies: a `pdjax.scheduler.policies.Policies` (default: least_loaded routers,
   always_disagg, no admission control, prefill_first, no role switching). clock and
   transfer_fn default to the real engine's (wall clock, device KV transfer); the simulator
-  passes its virtual clock and simulated transfer."""
+  passes its virtual clock and simulated transfer. injector: a FaultInjector (default: no
+  faults); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...)."""
   opts = instances[0].opts
   max_batch = max(opts.decode_buckets)
   workers = [Worker(inst, inst.role, max_batch) for inst in instances]
   if transfer_fn is None:
     from pdjax.engine.transfer import transfer_kv as transfer_fn
   pool = min(inst.tables.allocator.num_pages for inst in instances)
-  options = dataclasses.replace(driver_options(opts, max_batch, pool), shared_salt=shared_salt,
-                                tenant_quota_pages=tenant_quota_pages,
-                                flush_schedule=tuple(flush_schedule))
-  driver = Driver(mode, workers, options=options,
-                  clock=clock or WallClock(), transfer_fn=transfer_fn, policies=policies)
+  options = dataclasses.replace(driver_options(opts, max_batch, pool), **overrides)
+  driver = Driver(mode, workers, options=options, clock=clock or WallClock(),
+                  transfer_fn=transfer_fn, policies=policies, injector=injector)
   result = driver.run(requests, on_progress=on_progress)
   check_end_state(result, instances)
   return result
@@ -61,10 +59,30 @@ def kv_pages_leaked(instances: list) -> int:
   return sum(inst.tables.num_used_pages for inst in instances)
 
 
+class InvariantViolation(AssertionError):
+  """The end-of-run check failed: the run's results cannot be trusted."""
+
+
 def check_end_state(result: RunResult, instances: list) -> None:
-  """Every request terminal; every pool's free pages == total pages (reported, not hidden)."""
+  """Fails the run loudly unless every request is in exactly one terminal state, the status
+  counts add up, every pool's bookkeeping holds, no block table is left and every page is
+  free (idle prefix-cached pages count as free)."""
   open_requests = [r.id for r in result.requests if not r.status.terminal]
   if open_requests:
-    raise AssertionError(f"requests not terminal at the end of the run: {open_requests[:5]}")
+    raise InvariantViolation(f"requests not terminal at the end of the run: {open_requests[:5]}")
+  ids = [r.id for r in result.requests]
+  if len(set(ids)) != len(ids):
+    raise InvariantViolation("a request id appears twice in the run's results")
+  by_status: dict[str, int] = {}
+  for r in result.requests:
+    by_status[r.status.value] = by_status.get(r.status.value, 0) + 1
+  if sum(by_status.values()) != len(result.requests):
+    raise InvariantViolation(f"status counts {by_status} do not add up to {len(ids)}")
   for inst in instances:
     inst.tables.check_invariants()
+    if len(inst.tables):
+      raise InvariantViolation(f"{inst.name}: {len(inst.tables)} block tables left at the end "
+                               f"(e.g. {inst.tables.seq_ids[0]})")
+    if inst.tables.num_used_pages:
+      raise InvariantViolation(f"{inst.name}: {inst.tables.num_used_pages} KV pages not "
+                               f"returned to the pool")

@@ -62,6 +62,7 @@ def test_disaggregated_moves_pages_then_frees_prefill_side():
 
 
 def test_transfer_failure_fails_only_that_request_and_frees_pages():
+  """With transfer_failure_policy=fail and no retries, a failed transfer fails its request."""
   clock = ManualClock()
   p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
   calls = []
@@ -72,11 +73,12 @@ def test_transfer_failure_fails_only_that_request_and_frees_pages():
       raise RuntimeError("link down")
     return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
 
-  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+  opts = dataclasses.replace(OPTS, transfer_failure_policy="fail", transfer_retries=0)
+  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=opts,
                   clock=clock, transfer_fn=flaky)
   a, b = driver.run([_req(0, 4, 3), _req(1, 4, 3)]).requests
-  assert (a.status, a.reason) == (Status.FAILED, "kv transfer prefill-0->decode-0 failed: "
-                                                 "RuntimeError: link down")
+  assert (a.status, a.reason) == (Status.FAILED, "kv transfer failed after 1 attempt(s): "
+                                                 "prefill-0->decode-0: RuntimeError: link down")
   assert b.status == Status.FINISHED and b.output_ids == [104, 105, 106]
   assert [t["ok"] for t in driver.transfers] == [False, True]
   assert p.tables.num_used_pages == 0 and d.tables.num_used_pages == 0

@@ -59,7 +59,7 @@ def test_summary_counts_slo_goodput_throughput():
   ]
   s = summarize_default(reqs, duration_s=2.0)
   assert s["mode"] == "colocated"
-  assert s["requests"] == {"total": 6, "finished": 4, "rejected": 1, "failed": 1}
+  assert s["requests"] == {"total": 6, "finished": 4, "rejected": 1, "failed": 1, "cancelled": 0}
   assert s["ttft_s"]["p50"] == pytest.approx(0.15)
   assert s["ttft_s"]["mean"] == pytest.approx(0.175)
   assert s["tpot_s"]["mean"] == pytest.approx((0.2 + 0.1 + 1.0) / 3)
@@ -85,7 +85,8 @@ def test_slo_attainment_with_one_rejected():
 def test_no_requests():
   s = summarize_default([])
   assert s["slo_attainment"] == 0.0 and s["goodput_rps"] == 0.0
-  assert s["requests"] == {"total": 0, "finished": 0, "rejected": 0, "failed": 0}
+  assert s["requests"] == {"total": 0, "finished": 0, "rejected": 0, "failed": 0,
+                           "cancelled": 0}
   assert s["ttft_s"]["p99"] is None
 
 

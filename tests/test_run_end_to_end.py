@@ -36,7 +36,8 @@ def test_compare_run_writes_both_modes(tmp_path):
                                                                             "decode"}
     summary = json.loads((d / "summary.json").read_text())
     assert summary["mode"] == mode
-    assert summary["requests"] == {"total": 8, "finished": 8, "rejected": 0, "failed": 0}
+    assert summary["requests"] == {"total": 8, "finished": 8, "rejected": 0, "failed": 0,
+                                   "cancelled": 0}
     assert summary["kv_pages_leaked"] == 0
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
       assert set(summary[key]) == {"mean", "p50", "p90", "p99"}

@@ -219,6 +219,16 @@ class BlockTables:
     if self.cache is not None:
       self.cache.release(table, now)
 
+  def reset(self, now: float = 0.0) -> int:
+    """The device state is gone (a dead instance): every sequence's pages and every cached
+    page return to the free list. Returns how many pages were in use or cached."""
+    lost = self.allocator.num_used
+    for seq_id in list(self._tables):
+      self.free(seq_id, now)
+    if self.cache is not None:
+      self.cache.clear()
+    return lost
+
   def __contains__(self, seq_id: str) -> bool:
     return seq_id in self._tables
 

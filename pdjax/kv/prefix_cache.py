@@ -167,6 +167,13 @@ class PrefixCache:
       self._drop(p)
     return len(pages)
 
+  def clear(self) -> int:
+    """Forgets every cached page (the device state is gone); returns how many."""
+    pages = list(self._entry)
+    for p in pages:
+      self._drop(p)
+    return len(pages)
+
   def _evict_one(self) -> bool:
     if not self._idle:
       return False

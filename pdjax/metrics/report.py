@@ -22,7 +22,8 @@ def _fmt(value, spec: str) -> str:
   return "-" if value is None else format(value, spec)
 
 
-EXTRA_KEYS = ("tiers", "rejects_by_reason", "preemptions", "role_switches", "kv_cache")
+EXTRA_KEYS = ("tiers", "rejects_by_reason", "preemptions", "role_switches", "kv_cache",
+              "faults")
 
 
 def _report_md(summary: dict, extras: dict | None = None) -> str:
@@ -45,7 +46,8 @@ def _report_md(summary: dict, extras: dict | None = None) -> str:
   lines += [
       "",
       f"- Requests: {req['total']} total, {req['finished']} finished, "
-      f"{req['rejected']} rejected, {req['failed']} failed",
+      f"{req['rejected']} rejected, {req['failed']} failed"
+      + (f", {req['cancelled']} cancelled by their client" if req.get("cancelled") else ""),
       f"- SLO attainment: {summary['slo_attainment'] * 100:.1f}%; goodput "
       f"{summary['goodput_rps']:.2f} req/s; output {summary['output_tok_s']:.1f} tok/s",
       f"- KV transfer: {kv['count']} ok ({kv['bytes'] / _MIB:.2f} MiB), "
@@ -56,6 +58,7 @@ def _report_md(summary: dict, extras: dict | None = None) -> str:
       "",
   ]
   sections = {k: summary[k] for k in EXTRA_KEYS if k in summary}
+  sections["num_requests"] = req["total"]
   sections.update(extras or {})
   lines += extra_sections(sections)
   return "\n".join(lines)

@@ -95,6 +95,45 @@ def extra_sections(extras: dict) -> list[str]:
     lines += kv_pages_section(extras["kv_cache"])
   if extras.get("kv_cache", {}).get("enabled"):
     lines += kv_cache_section(extras["kv_cache"])
+  if "faults" in extras:
+    lines += faults_section(extras["faults"], extras.get("num_requests"))
+  return lines
+
+
+FALLBACK_WORDS = 0.01   # above this share of requests falling back, the report says so
+
+
+def faults_section(f: dict, num_requests: int | None) -> list[str]:
+  """Injected faults, recoveries and fallbacks, in words; nothing when nothing happened."""
+  injected = f.get("injected") or {}
+  fell = f.get("fell_back_requests", 0)
+  if not injected and not fell and not f.get("cancelled") and not f.get("transfer_retries") \
+      and not f.get("pages_reclaimed_by_lease"):
+    return []
+  lines = ["## Faults and recovery", ""]
+  if injected:
+    lines.append("- Injected: " + ", ".join(f"{k} {v}" for k, v in injected.items()))
+  lines.append(f"- KV transfer attempts retried: {f.get('transfer_retries', 0)}; transfers "
+               f"that succeeded after failing: {f.get('transfers_recovered', 0)}")
+  if f.get("instances_killed"):
+    lines.append(f"- Instances killed: {f['instances_killed']} (restarted: "
+                 f"{f.get('instances_restarted', 0)}); KV pages lost with them: "
+                 f"{f.get('pages_lost_with_instances', 0)}")
+  if f.get("pages_reclaimed_by_lease"):
+    lines.append(f"- KV pages reclaimed by lease: {f['pages_reclaimed_by_lease']}")
+  if f.get("cancelled"):
+    stages = ", ".join(f"{k} {v}" for k, v in (f.get("cancelled_by_stage") or {}).items())
+    lines.append(f"- Cancelled by their client: {f['cancelled']} ({stages})")
+  if fell:
+    kinds = ", ".join(f"{k} {v}" for k, v in (f.get("fell_back") or {}).items())
+    lines.append(f"- Requests that fell back: {fell} ({kinds})")
+  if f.get("failed"):
+    lines.append("- Failed: " + "; ".join(f"{k} ({v})" for k, v in f["failed"].items()))
+  lines.append("")
+  if num_requests and fell / num_requests > FALLBACK_WORDS:
+    lines += [f"**{100 * fell / num_requests:.1f}% of requests did not take their planned path**"
+              f" (more than {FALLBACK_WORDS:.0%}): latency numbers of this run include "
+              "recoveries, not the steady state of the configuration.", ""]
   return lines
 
 

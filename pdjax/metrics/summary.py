@@ -2,8 +2,8 @@
 
 TTFT: arrival -> first token. TPOT: (E2E - TTFT) / (output_len - 1), only for
 output_len > 1. ITL: gaps between consecutive tokens. E2E: arrival -> last token.
-SLO attainment counts every request (rejected and failed ones are misses); goodput is
-the rate of requests that met both the TTFT and the TPOT SLO.
+SLO attainment counts every request (rejected and failed ones are misses) except those their
+client cancelled; goodput is the rate of requests that met both the TTFT and the TPOT SLO.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
   finished = [r for r in requests if r.status == Status.FINISHED]
   num_good = sum(meets_slo(r, slo_ttft_s, slo_tpot_s) for r in requests)
   output_tokens = sum(len(r.output_ids) for r in finished)
+  num_cancelled = sum(r.status == Status.CANCELLED for r in requests)
+  judged = len(requests) - num_cancelled
   return {
       "mode": mode,
       "duration_s": duration_s,
@@ -67,12 +69,13 @@ def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
           "finished": len(finished),
           "rejected": sum(r.status == Status.REJECTED for r in requests),
           "failed": sum(r.status == Status.FAILED for r in requests),
+          "cancelled": num_cancelled,
       },
       "ttft_s": percentiles([r.ttft_s for r in finished if r.ttft_s is not None]),
       "tpot_s": percentiles([r.tpot_s for r in finished if r.tpot_s is not None]),
       "itl_s": percentiles([g for r in finished for g in r.itl_s]),
       "e2e_s": percentiles([r.e2e_s for r in finished if r.e2e_s is not None]),
-      "slo_attainment": num_good / len(requests) if requests else 0.0,
+      "slo_attainment": num_good / judged if judged else 0.0,
       "goodput_rps": num_good / duration_s,
       "output_tok_s": output_tokens / duration_s,
       "kv_transfer": _transfer_stats(transfers),

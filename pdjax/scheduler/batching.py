@@ -6,10 +6,14 @@ from pdjax.request import Request
 
 
 def rejection_reason(req: Request, *, max_model_len: int, token_budget: int | None,
-                     pool_pages: int, page_size: int) -> str | None:
+                     pool_pages: int, page_size: int, vocab_size: int = 0) -> str | None:
   """Why a request can never be served on this cluster, or None if it can."""
   if req.prompt_len == 0:
     return "empty prompt"
+  if vocab_size:
+    bad = next((t for t in req.prompt_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+      return f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})"
   if req.sampling.max_new_tokens < 1:
     return f"max_new_tokens={req.sampling.max_new_tokens} must be >= 1"
   if req.max_len > max_model_len:

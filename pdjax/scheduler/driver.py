@@ -28,13 +28,16 @@ import dataclasses
 import time
 from collections import deque
 
+from pdjax.faults.injector import FaultInjector
+from pdjax.faults.spec import FaultSpec
 from pdjax.kv.pages import OutOfPages
 from pdjax.kv.prefix_cache import salt_for
 from pdjax.request import Request, Status
 from pdjax.scheduler import batching
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.policies.base import PathChoice, StepPlan
-from pdjax.scheduler.worker import Step, Worker
+from pdjax.scheduler.recovery import Recovery
+from pdjax.scheduler.worker import SlowPending, Step, Worker
 
 POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
 COLOCATED = PathChoice("colocated", "colocated")
@@ -51,6 +54,13 @@ class DriverOptions:
   shared_salt: str = ""      # prefix cache: one salt for all tenants ("" = per tenant)
   tenant_quota_pages: int = 0   # KV pages a tenant may hold or reserve per tier (0: no quota)
   flush_schedule: tuple[tuple[float, str], ...] = ()   # (seconds, tenant): forget its cache
+  vocab_size: int = 0        # prompt token ids must be in [0, vocab_size) (0: unchecked)
+  transfer_failure_policy: str = "retry_then_recompute"   # or "fail"
+  transfer_retries: int = 3  # retries of a failed KV transfer before the policy decides
+  transfer_backoff_s: float = 0.005   # first retry's delay; doubles per retry
+  transfer_timeout_s: float = 0.0     # an attempt stalled longer fails (0: no timeout)
+  lease_s: float = 0.0       # prefill-side KV no decode instance pulled is reclaimed (0: never)
+  debug: bool = False        # check every invariant after every loop turn
 
 
 @dataclasses.dataclass
@@ -63,6 +73,7 @@ class RunResult:
   role_switches: list[dict]
   preemptions: int
   flushes: list[dict] = dataclasses.field(default_factory=list)   # {"t_s", "tenant", "pages"}
+  faults: dict = dataclasses.field(default_factory=dict)   # injected and recovery counts
 
   def step_counts(self) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
@@ -80,10 +91,11 @@ def default_policies(options: DriverOptions) -> policy_lib.Policies:
                                       max_prefill_seqs=options.max_prefill_seqs))
 
 
-class Driver:
+class Driver(Recovery):
 
   def __init__(self, mode: str, workers: list[Worker], *, options: DriverOptions, clock,
-               transfer_fn=None, policies: policy_lib.Policies | None = None):
+               transfer_fn=None, policies: policy_lib.Policies | None = None,
+               injector: FaultInjector | None = None):
     if mode not in ("colocated", "disaggregated"):
       raise ValueError(f"mode must be colocated or disaggregated, got {mode!r}")
     self.mode, self.workers, self.opts, self.clock = mode, workers, options, clock
@@ -101,12 +113,14 @@ class Driver:
     self.role_switches: list[dict] = []
     self.preemptions = 0
     self.flushes: list[dict] = []
-    self._flush_queue = deque(sorted(options.flush_schedule))
+    self.injector = injector or FaultInjector(FaultSpec())
+    self._by_name = {w.name: w for w in workers}
     self._terminal = 0
     self._touched = set(range(len(workers)))   # idle workers to plan on the next turn
     self._index = {id(w): i for i, w in enumerate(workers)}
     self._tiers: dict[str, list[Worker]] | None = None
     self._draining: list[Worker] = []
+    self._init_recovery()
 
   def _touch(self, w: Worker) -> None:
     self._touched.add(self._index[id(w)])
@@ -121,7 +135,7 @@ class Driver:
     if self._tiers is None:
       self._tiers = {}
       for w in self.workers:
-        if w.draining_to is None:
+        if w.draining_to is None and not w.dead:
           self._tiers.setdefault(w.role, []).append(w)
     return self._tiers.get(role, [])
 
@@ -132,57 +146,66 @@ class Driver:
     self._terminal = sum(r.status.terminal for r in requests)
     done = self._terminal
     while True:
-      self._flush_tenants(self.clock.now())
+      now = self.clock.now()
+      self._run_events(now)
+      self._reclaim_leases(now)
       self._admit(arrivals)
+      self._apply_cancels()
       self._switch_roles()
       self._start_transfers()
       touched, self._touched = sorted(self._touched), set()
       for i in touched:                # worker order, as the policies' tie-breaks expect
-        if self.workers[i].inflight is None:
+        if self.workers[i].inflight is None and not self.workers[i].dead:
           self._dispatch(self.workers[i])
       inflight = [w for w in self.workers if w.inflight is not None]
-      for w in self._wait_any(inflight):
+      wake = self._wake_s()
+      for w in self._wait_any(inflight, wake):
         self._collect(w)
+      if self.opts.debug:
+        self.check_invariants(requests)
       if on_progress and self._terminal != done:
         on_progress(self._terminal - done)
       done = self._terminal
       if inflight:
         continue
-      if arrivals:
-        due = arrivals[0].arrival_s
-        if self._flush_queue:
-          due = min(due, self._flush_queue[0][0])
-        self.clock.sleep_until(due)
-        continue
-      if done == len(requests):
+      if done == len(requests) and not arrivals:
         break
+      due = [t for t in (arrivals[0].arrival_s if arrivals else None, wake) if t is not None]
+      if due:
+        self.clock.sleep_until(min(due))
+        continue
+      if self._cancels:
+        self._apply_cancels()
+        continue
       self._fail_stalled(requests)   # nothing in flight, nothing to come: cannot progress
-    self._flush_tenants(float("inf"))   # flushes scheduled past the last request: at the end
+    self._run_events(float("inf"), only=("flush",))   # flushes past the last request: at the end
     return RunResult(requests, self.transfers, self.clock.now(), self.steps, self.samples,
-                     self.role_switches, self.preemptions, self.flushes)
+                     self.role_switches, self.preemptions, self.flushes,
+                     {"injected": dict(sorted(self.injector.injected.items())),
+                      **self.fault_counts})
 
-  def _flush_tenants(self, now: float) -> None:
-    """Runs the scheduled tenant flushes that are due: nothing of theirs can be hit after."""
-    while self._flush_queue and self._flush_queue[0][0] <= now:
-      _, tenant = self._flush_queue.popleft()
-      salt = salt_for(tenant, self.opts.shared_salt)
-      pages = sum(w.tables.cache.flush(salt) for w in self.workers if w.tables.cache is not None)
-      self.flushes.append({"t_s": self.clock.now(), "tenant": tenant, "pages": pages})
-      for w in self.workers:
-        self._touch(w)   # freed pages may let a waiting request in
+  def _flush_tenant(self, tenant: str) -> None:
+    """A scheduled tenant flush: nothing of the tenant's can be hit after."""
+    salt = salt_for(tenant, self.opts.shared_salt)
+    pages = sum(w.tables.cache.flush(salt) for w in self.workers if w.tables.cache is not None)
+    self.flushes.append({"t_s": self.clock.now(), "tenant": tenant, "pages": pages})
+    for w in self.workers:
+      self._touch(w)   # freed pages may let a waiting request in
 
-  def _wait_any(self, inflight: list[Worker]) -> list[Worker]:
-    """The in-flight workers whose step is done, polling until at least one is."""
+  def _wait_any(self, inflight: list[Worker], wake: float | None = None) -> list[Worker]:
+    """The in-flight workers whose step is done, polling until at least one is or until
+    `wake` (an event or lease expiry is due)."""
     if not inflight:
       return []
     ends = [getattr(w.inflight.pending, "end_s", None) for w in inflight]
     if hasattr(self.clock, "advance_to") and None not in ends:
-      self.clock.advance_to(min(ends))   # virtual time: jump to the next step's end
+      # virtual time: jump to the next step's end, or to the next event if that comes first
+      self.clock.advance_to(min(ends) if wake is None else min(min(ends), wake))
       now = self.clock.now()
       return [w for w, end in zip(inflight, ends) if end <= now]
     while True:
       ready = [w for w in inflight if w.inflight.pending.ready()]
-      if ready:
+      if ready or (wake is not None and self.clock.now() >= wake):
         return ready
       time.sleep(POLL_S)
 
@@ -193,7 +216,8 @@ class Driver:
       req = arrivals.popleft()
       reason = batching.rejection_reason(
           req, max_model_len=o.max_model_len, pool_pages=o.pool_pages, page_size=o.page_size,
-          token_budget=getattr(p.step, "max_prompt_tokens", o.token_budget))
+          token_budget=getattr(p.step, "max_prompt_tokens", o.token_budget),
+          vocab_size=o.vocab_size)
       if not reason:
         choice = (COLOCATED if self.mode == "colocated" else
                   p.path.choose(req, self.tier("prefill"), self.tier("decode")))
@@ -208,6 +232,7 @@ class Driver:
       req.path, req.prefill_instance = choice.path, worker.name
       worker.waiting.append(req)
       self._touch(worker)
+      self._plan_cancel(req)
 
   def _salt(self, r: Request) -> str:
     return salt_for(r.tenant, self.opts.shared_salt)
@@ -245,6 +270,7 @@ class Driver:
         req.prefill_start_s = now
       if not req.output_ids:
         req.status = Status.PREFILLING
+      self._maybe_cancel(req, "prefill")
     table = w.tables.block_table
     decode_rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
                     r.sampling.temperature) for r in plan.decodes]
@@ -263,7 +289,11 @@ class Driver:
                          "kv_pages_cached": w.tables.num_cached_idle_pages,
                          "kv_slots_unused": w.tables.num_unused_slots})
     try:
-      w.inflight = Step(plan, call(), now, kind)
+      pending, slow = call(), self.injector.slow_factor(w.name, now)
+      if slow > 1:
+        self.injector.injected["slow_step"] += 1
+        pending = SlowPending(pending, now, slow, self.clock)
+      w.inflight = Step(plan, pending, now, kind)
     except Exception as e:  # a failed step fails its requests, never the run
       self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
 
@@ -326,13 +356,19 @@ class Driver:
                        "num_seqs": len(plan.chunks) + len(plan.decodes),
                        "num_tokens": plan.num_tokens})
     for (req, _, end), token in zip(plan.chunks, tokens):
+      if id(req) in self._cancels:
+        continue                       # cancelled while in flight: dropped next turn
       req.num_computed_tokens = end
       w.tables.cache_computed(req.id, end, now)
       if end < req.prefill_len:
         continue                       # a partial chunk: its sampled token means nothing
       w.waiting.remove(req)
-      if req.output_ids:               # a recomputed (preempted) sequence resumes decoding
-        req.status = Status.DECODING
+      if self._non_finite(w, req, token, now):
+        continue
+      if req.output_ids:               # a recomputed sequence (preempted, or moved) resumes
+        req.status, req.decode_instance = Status.DECODING, w.name
+        if req.decode_start_s is None:
+          req.decode_start_s = now
         w.running.append(req)
         continue
       stays = w.keeps(req)
@@ -345,8 +381,24 @@ class Driver:
       else:
         req.status = Status.TRANSFERRING
         self.transfer_queue.append((req, w))
+        self._held_since[id(req)] = now
+        self._maybe_cancel(req, "transfer_wait")
     for req, token in zip(plan.decodes, tokens[len(plan.chunks):]):
-      self._emit(w, req, token, now)
+      if id(req) in self._cancels:
+        continue
+      if not self._non_finite(w, req, token, now) and not self._emit(w, req, token, now):
+        self._maybe_cancel(req, "decode", len(req.output_ids))
+
+  def _non_finite(self, w: Worker, req: Request, token: int, now: float) -> bool:
+    """A negative token is the engine's mark for non-finite logits: the request fails."""
+    if token >= 0:
+      return False
+    if req in w.running:
+      w.running.remove(req)
+    w.tables.free(req.id, now)
+    self._finish(req, Status.FAILED, now,
+                 "the model produced non-finite logits (NaN/inf); no token was sampled")
+    return True
 
   def _emit(self, w: Worker, req: Request, token: int, now: float) -> bool:
     """Appends a generated token; finishes the request (freeing its pages) when it is done."""
@@ -375,6 +427,7 @@ class Driver:
       if dst is None:
         return   # decode tier full: the request waits (holding its prefill pages)
       self.transfer_queue.popleft()
+      self._held_since.pop(id(r), None)
       src_pages = src.tables.block_table(r.id)
       # With a prefix cache on the decode instance (multi-turn sessions), the pages it already
       # holds are reused and only the rest move.
@@ -384,18 +437,21 @@ class Driver:
       r.decode_cached_tokens = hit
       dst_pages = dst.tables.block_table(r.id)
       r.transfer_start_s = self.clock.now()
-      try:
-        result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
-                                  dst_pages[skip:len(src_pages)])
-      except Exception as e:
+      self._maybe_cancel(r, "transfer")
+      why = self._transfer_fault(r)
+      result = None
+      if why is None:
+        try:
+          result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
+                                    dst_pages[skip:len(src_pages)])
+        except Exception as e:
+          why = f"{type(e).__name__}: {e}"
+      if result is None:
         now = self.clock.now()
         self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
-        src.tables.free(r.id, self.clock.now())
-        dst.tables.free(r.id, self.clock.now())
-        self._touch(src)
-        self._finish(r, Status.FAILED, now,
-                 f"kv transfer {src.name}->{dst.name} failed: {type(e).__name__}: {e}")
+        self._transfer_failed(r, src, dst, f"{src.name}->{dst.name}: {why}")
         continue
+      self._transfer_succeeded(r)
       src.tables.free(r.id, self.clock.now())
       dst.tables.cache_computed(r.id, r.prompt_len, self.clock.now())
       self._touch(src)
@@ -405,6 +461,17 @@ class Driver:
       self.transfers.append({"bytes": result.bytes, "seconds": result.seconds, "ok": True})
       r.status, r.decode_instance, r.decode_start_s = Status.DECODING, dst.name, r.transfer_end_s
       dst.running.append(r)
+
+  def _transfer_fault(self, r: Request) -> str | None:
+    """Injected trouble for this attempt: waits out an injected delay (up to the timeout) and
+    returns why the attempt fails, or None."""
+    fails, delay = self.injector.transfer_attempt(r, self._attempts.get(id(r), 0))
+    timeout = self.opts.transfer_timeout_s
+    if delay:
+      self.clock.sleep_until(self.clock.now() + (min(delay, timeout) if timeout else delay))
+      if timeout and delay > timeout:
+        return f"stalled past the {timeout:g} s transfer timeout"
+    return "injected transfer failure" if fails else None
 
   def _switch_roles(self) -> None:
     if self.mode != "disaggregated":
@@ -449,6 +516,26 @@ class Driver:
     for r, src in self.transfer_queue:
       src.tables.free(r.id, self.clock.now())
     self.transfer_queue.clear()
+    self._held_since.clear()
     for r in requests:
       if not r.status.terminal:
         self._finish(r, Status.FAILED, now, "scheduler stalled: no step in flight and none possible")
+
+  def check_invariants(self, requests: list[Request]) -> None:
+    """Raises AssertionError on the first broken invariant: every live request is in exactly
+    one place (a queue, a transfer, a retry), terminal ones in none, and each pool's
+    bookkeeping holds (see BlockTables.check_invariants)."""
+    places: dict[int, int] = {}
+    for w in self.workers:
+      for r in list(w.waiting) + w.running:
+        places[id(r)] = places.get(id(r), 0) + 1
+    for r, _ in list(self.transfer_queue) + list(self._retrying.values()):
+      places[id(r)] = places.get(id(r), 0) + 1
+    for r in requests:
+      n = places.get(id(r), 0)
+      if r.status.terminal and n:
+        raise AssertionError(f"request {r.id} is {r.status.value} but still queued ({n} places)")
+      if n > 1:
+        raise AssertionError(f"request {r.id} is in {n} places at once")
+    for w in self.workers:
+      w.tables.check_invariants()

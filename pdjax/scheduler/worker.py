@@ -19,6 +19,36 @@ class Step:
   kind: str                   # "prefill" | "decode" | "mixed"
 
 
+class SlowPending:
+  """A step made `factor` times slower (an injected slow instance): ready once factor x the
+  step's own duration has passed since it started. On the virtual clock it exposes the
+  stretched `end_s` (following the inner step's, which a shared host may move)."""
+
+  def __init__(self, inner, start_s: float, factor: float, clock):
+    self.inner, self.start_s, self.factor, self.clock = inner, start_s, factor, clock
+    self._due: float | None = None
+
+  def __getattr__(self, name):
+    if name == "end_s":
+      inner_end = getattr(self.inner, "end_s", None)
+      if inner_end is None:
+        raise AttributeError(name)
+      return self.start_s + self.factor * (inner_end - self.start_s)
+    raise AttributeError(name)
+
+  def ready(self) -> bool:
+    if getattr(self.inner, "end_s", None) is not None:
+      return self.clock.now() >= self.end_s
+    if self._due is None:
+      if not self.inner.ready():
+        return False
+      self._due = self.start_s + self.factor * (self.clock.now() - self.start_s)
+    return self.clock.now() >= self._due
+
+  def result(self):
+    return self.inner.result()
+
+
 class Worker:
 
   def __init__(self, instance, role: str, max_batch: int):
@@ -27,6 +57,7 @@ class Worker:
     self.running: list[Request] = []          # decoding here
     self.inflight: Step | None = None
     self.draining_to: str | None = None       # a pending role switch: takes no new work
+    self.dead = False                         # killed (fault injection): no work, no routing
     self.prefill_tok_s: float | None = None   # measured, EWMA
     self.decode_step_s: float | None = None
 

@@ -1,0 +1,250 @@
+"""What the driver does when things go wrong: client cancellations, KV transfers that fail or
+stall, KV held too long for a decode instance that never pulls it, and instances that die
+(and come back). A mixin of `Driver` (it reads and changes the driver's queues); pure Python.
+
+Every request still ends in exactly one terminal state and every page returns to its pool:
+  - cancel (any stage): removed from its queue, its pages freed on every tier; a request in a
+    step or transfer in flight is cancelled when that step or transfer ends.
+  - transfer failure: the prefill pages stay; retried after a backoff (doubling) up to
+    `transfer_retries` times, then `transfer_failure_policy` decides: "retry_then_recompute"
+    recomputes the KV on a decode instance (a recorded fallback), "fail" fails the request.
+  - lease: prefill-side KV that no decode instance pulled within `lease_s` is reclaimed and
+    the request fails with the reason.
+  - a dead instance: its step in flight is lost, its pages and cache are gone; its queued
+    requests go to another live instance of the tier, its decoding requests are recomputed
+    there (fallbacks); with none left, they fail with the reason. Routers never see a dead
+    instance; a restarted one comes back empty.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from pdjax.request import Request, Status
+
+FALLBACK_TRANSFER = "transfer_failed:recompute_on_decode"
+FALLBACK_DEATH = "instance_died:rerouted"
+FALLBACK_DEATH_RECOMPUTE = "instance_died:recomputed"
+
+
+class Recovery:
+
+  # ---- timed events (flushes, kills, restarts, transfer retries) ---------------------------
+
+  def _init_recovery(self) -> None:
+    self._events: list[tuple[float, int, str, object]] = []
+    self._event_seq = 0
+    self._cancels: dict[int, tuple[Request, str]] = {}   # id(req) -> (req, stage)
+    self._cancel_plans: dict[int, tuple[str, int]] = {}
+    self._attempts: dict[int, int] = {}                  # id(req) -> failed transfer attempts
+    self._held_since: dict[int, float] = {}              # id(req) -> entered transfer queue
+    self._retrying: dict[int, tuple[Request, object]] = {}
+    self.fault_counts: dict[str, int] = {"transfer_retries": 0, "transfers_recovered": 0,
+                                         "pages_reclaimed_by_lease": 0,
+                                         "pages_lost_with_instances": 0, "instances_killed": 0,
+                                         "instances_restarted": 0}
+    for t, tenant in self.opts.flush_schedule:
+      self._schedule(t, "flush", tenant)
+    for name, t in self.injector.spec.kills:
+      if name in self._by_name:            # a fault names instances of the runs that have them
+        self._schedule(t, "kill", name)
+
+  def _schedule(self, t: float, kind: str, payload) -> None:
+    heapq.heappush(self._events, (t, self._event_seq, kind, payload))
+    self._event_seq += 1
+
+  def _next_event_s(self) -> float | None:
+    return self._events[0][0] if self._events else None
+
+  def _run_events(self, now: float, only: tuple[str, ...] | None = None) -> None:
+    while self._events and self._events[0][0] <= now:
+      _, _, kind, payload = heapq.heappop(self._events)
+      if only is not None and kind not in only:
+        continue
+      if kind == "flush":
+        self._flush_tenant(payload)
+      elif kind == "kill":
+        self._kill(self._by_name[payload])
+      elif kind == "restart":
+        self._restart(self._by_name[payload])
+      elif kind == "retry":
+        self._retry(*payload)
+
+  def _wake_s(self) -> float | None:
+    """The earliest time something is due besides arrivals: an event or a lease expiry."""
+    times = [t for t in (self._next_event_s(),) if t is not None]
+    if self.opts.lease_s and self._held_since:
+      times.append(min(self._held_since.values()) + self.opts.lease_s)
+    return min(times) if times else None
+
+  def _pending_work(self) -> bool:
+    """Events that may still move a request (retries, restarts)."""
+    return any(kind in ("retry", "restart") for _, _, kind, _ in self._events)
+
+  # ---- cancellation ------------------------------------------------------------------------
+
+  def cancel(self, req: Request, stage: str = "client") -> None:
+    """A client aborts req: it ends CANCELLED as soon as no step or transfer in flight holds
+    it, freeing everything it held."""
+    if not req.status.terminal:
+      self._cancels.setdefault(id(req), (req, stage))
+
+  def _plan_cancel(self, req: Request) -> None:
+    plan = self.injector.cancel_plan(req)
+    if plan:
+      self.injector.injected["cancel"] += 1
+      self._cancel_plans[id(req)] = plan
+      self._maybe_cancel(req, "queued")
+
+  def _maybe_cancel(self, req: Request, stage: str, tokens: int = 0) -> None:
+    plan = self._cancel_plans.get(id(req))
+    if plan and plan[0] == stage and (stage != "decode" or tokens >= plan[1]):
+      del self._cancel_plans[id(req)]
+      self.cancel(req, stage)
+
+  def _inflight_ids(self) -> set[int]:
+    ids = set()
+    for w in self.workers:
+      if w.inflight is not None:
+        ids.update(id(r) for r, _, _ in w.inflight.plan.chunks)
+        ids.update(id(r) for r in w.inflight.plan.decodes)
+    return ids
+
+  def _apply_cancels(self) -> None:
+    if not self._cancels:
+      return
+    busy = self._inflight_ids()
+    for key, (req, stage) in list(self._cancels.items()):
+      if req.status.terminal:
+        del self._cancels[key]
+      elif key not in busy:
+        del self._cancels[key]
+        self._drop_everywhere(req)
+        self._finish(req, Status.CANCELLED, self.clock.now(),
+                     f"cancelled by the client ({stage})")
+
+  def _drop_everywhere(self, req: Request) -> None:
+    """Removes req from every queue and frees its pages on every instance."""
+    now = self.clock.now()
+    for w in self.workers:
+      if req in w.waiting:
+        w.waiting.remove(req)
+      if req in w.running:
+        w.running.remove(req)
+      if req.id in w.tables:
+        w.tables.free(req.id, now)
+        self._touch(w)
+    self.transfer_queue = type(self.transfer_queue)(
+        (r, s) for r, s in self.transfer_queue if r is not req)
+    self._held_since.pop(id(req), None)
+    self._retrying.pop(id(req), None)
+
+  # ---- KV transfer failures and leases -----------------------------------------------------
+
+  def _transfer_failed(self, r: Request, src, dst, why: str) -> None:
+    """One failed attempt: dst's pages go back; retry later, or give up (policy)."""
+    now = self.clock.now()
+    if dst is not None and r.id in dst.tables:
+      dst.tables.free(r.id, now)
+      self._touch(dst)
+    attempts = self._attempts.get(id(r), 0) + 1
+    self._attempts[id(r)] = attempts
+    if attempts <= self.opts.transfer_retries:
+      self.fault_counts["transfer_retries"] += 1
+      self._retrying[id(r)] = (r, src)
+      self._schedule(now + self.opts.transfer_backoff_s * 2 ** (attempts - 1), "retry", (r, src))
+      return
+    self._attempts.pop(id(r), None)
+    if self.opts.transfer_failure_policy == "fail":
+      src.tables.free(r.id, now)
+      self._touch(src)
+      self._finish(r, Status.FAILED, now,
+                   f"kv transfer failed after {attempts} attempt(s): {why}")
+      return
+    src.tables.free(r.id, now)
+    self._touch(src)
+    self._recompute_on(r, "decode", FALLBACK_TRANSFER,
+                       f"kv transfer failed after {attempts} attempt(s) ({why})")
+
+  def _retry(self, r: Request, src) -> None:
+    if self._retrying.pop(id(r), None) is None or r.status.terminal:
+      return
+    if getattr(src, "dead", False) or r.id not in src.tables:
+      self._recompute_on(r, "decode", FALLBACK_DEATH_RECOMPUTE, f"{src.name} died")
+      return
+    self.transfer_queue.appendleft((r, src))
+
+  def _transfer_succeeded(self, r: Request) -> None:
+    if self._attempts.pop(id(r), 0):
+      self.fault_counts["transfers_recovered"] += 1
+
+  def _reclaim_leases(self, now: float) -> None:
+    lease = self.opts.lease_s
+    if not lease or not self._held_since:
+      return
+    expired = [(r, s) for r, s in self.transfer_queue
+               if now - self._held_since.get(id(r), now) > lease]
+    for r, src in expired:
+      pages = len(src.tables.block_table(r.id))
+      self._drop_everywhere(r)
+      self.fault_counts["pages_reclaimed_by_lease"] += pages
+      self._finish(r, Status.FAILED, now, f"KV lease of {lease:g} s expired on {src.name}: "
+                   f"no decode instance pulled it")
+
+  # ---- dead instances ----------------------------------------------------------------------
+
+  def _kill(self, w) -> None:
+    if w.dead:
+      return
+    now = self.clock.now()
+    w.dead, self._tiers = True, None
+    self.fault_counts["instances_killed"] += 1
+    self.injector.injected["kill_instance"] += 1
+    if w in self._draining:
+      self._draining.remove(w)
+      w.draining_to = None
+    w.inflight = None                      # its step's results are lost with the device
+    victims = list(w.waiting) + list(w.running)
+    lost = [(r, s) for r, s in self.transfer_queue if s is w]
+    lost += [(r, s) for r, s in self._retrying.values() if s is w]
+    w.waiting.clear()
+    w.running.clear()
+    self.fault_counts["pages_lost_with_instances"] += w.tables.reset(now)
+    for r, _ in lost:
+      self._drop_everywhere(r)
+    for r in victims:
+      self._drop_everywhere(r)
+      role = w.role if w.role != "prefill" or not r.output_ids else "decode"
+      self._recompute_on(r, role, FALLBACK_DEATH_RECOMPUTE if r.output_ids else FALLBACK_DEATH,
+                         f"{w.name} died")
+    for r, _ in lost:                      # prefilled, KV gone before it moved
+      self._recompute_on(r, "decode", FALLBACK_DEATH_RECOMPUTE, f"{w.name} died")
+    if self.injector.spec.restart_s:
+      self._schedule(now + self.injector.spec.restart_s, "restart", w.name)
+
+  def _restart(self, w) -> None:
+    w.dead, self._tiers = False, None
+    self.fault_counts["instances_restarted"] += 1
+    self._touch(w)
+
+  def _recompute_on(self, r: Request, role: str, fallback: str, why: str) -> None:
+    """Queues r on a live instance of `role` to (re)compute its KV from its tokens; fails it
+    when there is none."""
+    now = self.clock.now()
+    if id(r) in self._cancels:
+      req, stage = self._cancels.pop(id(r))
+      self._finish(r, Status.CANCELLED, now, f"cancelled by the client ({stage})")
+      return
+    r.num_computed_tokens = 0
+    r.status = Status.WAITING
+    tier = self.tier(role)
+    router = self.policies.decode_router if role == "decode" else self.policies.prefill_router
+    target = router.choose(r, tier) if tier else None
+    if target is None:
+      self._finish(r, Status.FAILED, now, f"{why} and no live instance is left in the {role} tier")
+      return
+    r.fallbacks.append(fallback)
+    if r.output_ids:
+      r.decode_instance = target.name
+    target.waiting.append(r)
+    self._touch(target)
