@@ -92,7 +92,6 @@ class Recovery:
   def _plan_cancel(self, req: Request) -> None:
     plan = self.injector.cancel_plan(req)
     if plan:
-      self.injector.injected["cancel"] += 1
       self._cancel_plans[id(req)] = plan
       self._maybe_cancel(req, "queued")
 
@@ -100,6 +99,7 @@ class Recovery:
     plan = self._cancel_plans.get(id(req))
     if plan and plan[0] == stage and (stage != "decode" or tokens >= plan[1]):
       del self._cancel_plans[id(req)]
+      self.injector.injected["cancel"] += 1
       self.cancel(req, stage)
 
   def _inflight_ids(self) -> set[int]:
@@ -182,8 +182,9 @@ class Recovery:
     lease = self.opts.lease_s
     if not lease or not self._held_since:
       return
+    # the same sum as the wake time in _wake_s, so waking at it always reclaims
     expired = [(r, s) for r, s in self.transfer_queue
-               if now - self._held_since.get(id(r), now) > lease]
+               if id(r) in self._held_since and now >= self._held_since[id(r)] + lease]
     for r, src in expired:
       pages = len(src.tables.block_table(r.id))
       self._drop_everywhere(r)
