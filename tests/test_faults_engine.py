@@ -1,0 +1,141 @@
+"""One real-engine run per fault kind (tiny Llama, float32, greedy, CPU devices): whatever
+fails, every finished request's tokens equal the no-cache reference, every other request
+ends with a reason, and every page returns to its pool (serve() checks that loudly)."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny_engine_options
+from pdjax import serving
+from pdjax.engine import programs
+from pdjax.engine.cluster import build_instances
+from pdjax.engine.transfer import transfer_kv
+from pdjax.faults.injector import FaultInjector
+from pdjax.faults.spec import FaultSpec
+from pdjax.request import Request, SamplingParams, Status
+from pdjax.scheduler.clock import WallClock
+from pdjax.scheduler.driver import Driver
+from pdjax.scheduler.worker import Worker
+
+pytestmark = pytest.mark.slow
+TIERS = [("prefill", 1, 1), ("decode", 2, 1)]
+MAX_NEW = [12, 9, 14, 10, 16, 11]
+
+
+def _prompts():
+  return [[(5 * i + 3 * j) % 400 + 3 for j in range(n)]
+          for i, n in enumerate([9, 17, 5, 24, 12, 30])]
+
+
+def _requests(**kw):
+  return [Request(id=f"r{i}", arrival_s=0.01 * i, prompt_ids=p, eos_ids=(2,),
+                  sampling=SamplingParams(max_new_tokens=m, **kw))
+          for i, (p, m) in enumerate(zip(_prompts(), MAX_NEW))]
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model):
+  cfg, params = tiny_model
+  reference = [programs.reference_generate(params, cfg, p, m, eos_ids=(2,))
+               for p, m in zip(_prompts(), MAX_NEW)]
+  return build_instances(TIERS, cfg, params, tiny_engine_options()), reference
+
+
+def _check(result, reference):
+  for r, ref in zip(result.requests, reference):
+    if r.status == Status.FINISHED:
+      assert r.output_ids == ref, r.id
+    else:
+      assert r.reason, r.id
+
+
+def test_failed_transfers_recompute_on_decode_with_identical_tokens(cluster):
+  instances, reference = cluster
+  result = serving.serve("disaggregated", instances, _requests(), debug=True,
+                         injector=FaultInjector(FaultSpec(transfer_fail_prob=1.0)),
+                         transfer_retries=1)
+  assert [r.status for r in result.requests] == [Status.FINISHED] * 6
+  assert all(r.fallbacks == ["transfer_failed:recompute_on_decode"] for r in result.requests)
+  _check(result, reference)
+
+
+def test_a_decode_instance_killed_mid_decode(cluster):
+  """decode-0 dies after its first request's 4th token: its requests are recomputed on
+  decode-1 and still produce the reference tokens."""
+  instances, reference = cluster
+  opts = instances[0].opts
+  workers = [Worker(i, i.role, max(opts.decode_buckets)) for i in instances]
+  driver = Driver("disaggregated", workers, clock=WallClock(), transfer_fn=transfer_kv,
+                  options=dataclasses.replace(serving.driver_options(opts, 8), debug=True))
+  emit = driver._emit
+
+  def emit_and_kill(w, req, token, now):
+    done = emit(w, req, token, now)
+    if w.name == "decode-0" and len(req.output_ids) == 4 and not w.dead:
+      driver._kill(w)
+    return done
+
+  driver._emit = emit_and_kill
+  result = driver.run(_requests())
+  serving.check_end_state(result, instances)
+  moved = [r for r in result.requests if "instance_died:recomputed" in r.fallbacks]
+  assert moved and all(r.decode_instance == "decode-1" for r in moved)
+  assert [r.status for r in result.requests] == [Status.FINISHED] * 6
+  _check(result, reference)
+
+
+@pytest.mark.parametrize("stage", ["queued", "prefill", "transfer_wait", "transfer", "decode"])
+def test_cancellation_on_the_real_engine(cluster, stage):
+  instances, reference = cluster
+  result = serving.serve("disaggregated", instances, _requests(), debug=True,
+                         injector=FaultInjector(FaultSpec(cancel_prob=0.5, seed=2,
+                                                          cancel_stages=(stage,))))
+  cancelled = [r for r in result.requests if r.status == Status.CANCELLED]
+  assert cancelled and {r.reason for r in cancelled} == {f"cancelled by the client ({stage})"}
+  _check(result, reference)
+  # The pools are clean: an unfaulted run afterwards still gives the reference tokens.
+  again = serving.serve("disaggregated", instances, _requests())
+  assert [r.output_ids for r in again.requests] == reference
+
+
+def test_slow_instance_and_delayed_transfers_change_timing_not_tokens(cluster):
+  instances, reference = cluster
+  spec = FaultSpec(slow_instances=(("decode-1", 3.0, 0.0),), transfer_delay=("const", 0.01))
+  result = serving.serve("disaggregated", instances, _requests(), injector=FaultInjector(spec))
+  assert [r.output_ids for r in result.requests] == reference
+  assert result.faults["injected"]["transfer_delay"] == 6
+  assert all(t["seconds"] >= 0.0 for t in result.transfers)
+
+
+def test_bad_prompts_next_to_good_ones(cluster):
+  instances, reference = cluster
+  cfg_vocab = 512
+  bad = [Request(id="oov", arrival_s=0.0, prompt_ids=[5, cfg_vocab]),
+         Request(id="empty", arrival_s=0.0, prompt_ids=[]),
+         Request(id="zero", arrival_s=0.0, prompt_ids=[5],
+                 sampling=SamplingParams(max_new_tokens=0)),
+         Request(id="long", arrival_s=0.0, prompt_ids=[5] * 90)]
+  result = serving.serve("disaggregated", instances, _requests() + bad, vocab_size=cfg_vocab)
+  assert [r.output_ids for r in result.requests[:6]] == reference
+  assert [(r.status.value, r.reason) for r in result.requests[6:]] == [
+      ("rejected", "prompt token id 512 is outside the vocabulary [0, 512)"),
+      ("rejected", "empty prompt"),
+      ("rejected", "max_new_tokens=0 must be >= 1"),
+      ("rejected", "prompt_len + max_new_tokens = 106 exceeds max_model_len = 96")]
+
+
+def test_non_finite_logits_fail_the_request_with_the_reason(tiny_model):
+  """A poisoned checkpoint (NaN in the final norm's weight): every request fails with the reason, the
+  run itself completes and frees every page."""
+  cfg, params = tiny_model
+  poisoned = jax.tree_util.tree_map(np.copy, params)
+  norm = poisoned["params"]["norm"]
+  norm["weight"] = np.full_like(norm["weight"], np.nan)
+  instances = build_instances([("colocated", 1, 1)], cfg, poisoned, tiny_engine_options())
+  result = serving.serve("colocated", instances, _requests())
+  assert {(r.status.value, r.reason) for r in result.requests} == {
+      ("failed", "the model produced non-finite logits (NaN/inf); no token was sampled")}
+  assert serving.kv_pages_leaked(instances) == 0
