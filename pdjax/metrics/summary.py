@@ -3,7 +3,8 @@
 TTFT: arrival -> first token. TPOT: (E2E - TTFT) / (output_len - 1), only for
 output_len > 1. ITL: gaps between consecutive tokens. E2E: arrival -> last token.
 SLO attainment counts every request (rejected and failed ones are misses) except those their
-client cancelled; goodput is the rate of requests that met both the TTFT and the TPOT SLO.
+client cancelled; slo_attainment_admitted leaves rejected ones out too (what an admission
+policy protects); goodput is the rate of requests that met both the TTFT and the TPOT SLO.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
   output_tokens = sum(len(r.output_ids) for r in finished)
   num_cancelled = sum(r.status == Status.CANCELLED for r in requests)
   judged = len(requests) - num_cancelled
+  admitted = judged - sum(r.status == Status.REJECTED for r in requests)
   return {
       "mode": mode,
       "duration_s": duration_s,
@@ -76,6 +78,7 @@ def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
       "itl_s": percentiles([g for r in finished for g in r.itl_s]),
       "e2e_s": percentiles([r.e2e_s for r in finished if r.e2e_s is not None]),
       "slo_attainment": num_good / judged if judged else 0.0,
+      "slo_attainment_admitted": num_good / admitted if admitted else 0.0,
       "goodput_rps": num_good / duration_s,
       "output_tok_s": output_tokens / duration_s,
       "kv_transfer": _transfer_stats(transfers),
