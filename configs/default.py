@@ -77,7 +77,8 @@ def get_config(arg=None):
   c.sampling = ml_collections.ConfigDict(dict(temperature=0.0))
   c.slo = ml_collections.ConfigDict(dict(ttft_s=1.0, tpot_s=0.1, attainment=0.9))
   c.progress = True
-  c.debug = False                          # check every invariant after every scheduler turn
+  c.debug = False                          # invariants after every scheduler turn; jax: each greedy
+                                           # output == the same request run alone (slow)
 
   c.faults = ml_collections.ConfigDict()   # fault injection, seeded, all off by default
   c.faults.seed = -1                       # -1: the run's seed

@@ -86,3 +86,27 @@ def check_end_state(result: RunResult, instances: list) -> None:
     if inst.tables.num_used_pages:
       raise InvariantViolation(f"{inst.name}: {inst.tables.num_used_pages} KV pages not "
                                f"returned to the pool")
+
+
+def check_outputs_alone(requests: list[Request], mcfg, params, limit: int = 0) -> int:
+  """Debug check: each finished greedy request's tokens equal the same request run alone
+  through the no-cache reference (so no request's output holds another request's tokens).
+  Raises InvariantViolation at the first difference; returns how many were checked (at most
+  `limit` when > 0)."""
+  from pdjax.engine import programs
+  checked = 0
+  for r in requests:
+    if r.status.value != "finished" or r.sampling.temperature > 0:
+      continue
+    if limit and checked >= limit:
+      break
+    eos = () if r.sampling.ignore_eos else r.eos_ids
+    alone = programs.reference_generate(params, mcfg, r.prompt_ids, len(r.output_ids),
+                                        eos_ids=eos)
+    if alone != r.output_ids:
+      i = next((i for i, (a, b) in enumerate(zip(alone, r.output_ids)) if a != b),
+               min(len(alone), len(r.output_ids)))
+      raise InvariantViolation(f"request {r.id}: output differs from the same request run "
+                               f"alone from token {i} on")
+    checked += 1
+  return checked

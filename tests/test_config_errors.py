@@ -71,3 +71,44 @@ def test_prefix_cache_and_quota_keys(key, value, message):
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(cfg)
   assert str(e.value) == message
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("kv", "eviction", "mru", "kv.eviction='mru' is not one of lru, lfu"),
+    ("kv", "transfer_failure_policy", "ignore", "kv.transfer_failure_policy='ignore' is not one "
+     "of retry_then_recompute, fail"),
+    ("kv", "transfer_retries", -1, "kv.transfer_retries=-1 must be an integer >= 0"),
+    ("kv", "lease_s", -2.0, "kv.lease_s=-2.0 must be a finite number >= 0"),
+    ("faults", "transfer_fail_prob", 1.5, "faults.transfer_fail_prob=1.5 must be a probability "
+     "in [0, 1]"),
+    ("faults", "transfer_delay", "gauss:1", "faults.transfer_delay='gauss:1' is not one of "
+     "const:S, exp:MEAN, uniform:LO:HI"),
+    ("faults", "transfer_delay", "uniform:2:1", "faults.transfer_delay='uniform:2:1' has LO > HI"),
+    ("faults", "transfer_delay", "exp:x", "faults.transfer_delay='exp:x' has 'x' where a finite "
+     "number >= 0 is needed"),
+    ("faults", "slow_instance", "decode-0@3", "faults.slow_instance='decode-0@3' item "
+     "'decode-0@3' is not name:factor@seconds"),
+    ("faults", "slow_instance", "decode-0:0.5@3", "faults.slow_instance='decode-0:0.5@3' has "
+     "'0.5' where a finite number >= 1 is needed"),
+    ("faults", "kill_instance", "decode-9@1", "faults.kill_instance='decode-9' is not an "
+     "instance of this run (colocated-0, colocated-1, colocated-2, colocated-3, decode-0, "
+     "decode-1, prefill-0, prefill-1)"),
+    ("faults", "kill_instance", "decode-0", "faults.kill_instance='decode-0' item 'decode-0' is "
+     "not name@seconds"),
+    ("faults", "cancel_stages", "queued,later", "faults.cancel_stages='queued,later' must list "
+     "some of queued, prefill, transfer_wait, transfer, decode"),
+    ("faults", "restart_s", -1.0, "faults.restart_s=-1.0 must be >= 0 seconds (0: never)"),
+])
+def test_fault_and_recovery_keys(section, key, value, message):
+  cfg = config_lib.load_config_module("configs/default.py").get_config()
+  cfg[section][key] = value
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  assert str(e.value) == message
+
+
+def test_fault_flag_from_the_command_line_is_one_line():
+  proc = subprocess.run([sys.executable, "-m", "pdjax.run", "--config.faults.cancel_prob=2",
+                         "--workdir=/nonexistent/x"], capture_output=True, text=True, timeout=300)
+  assert (proc.returncode, proc.stderr.strip()) == (
+      2, "config error: faults.cancel_prob=2.0 must be a probability in [0, 1]")

@@ -298,3 +298,48 @@ def test_random_fault_schedules_lose_nothing(schedule):
   assert summary["cancelled"] <= result.faults["injected"].get("cancel", 0)
   assert sum(summary["failed"].values()) == sum(r.status == Status.FAILED
                                                 for r in result.requests)
+
+
+def test_report_says_it_in_words_when_more_than_1_percent_fell_back():
+  from pdjax.metrics.report_sections import faults_section
+  f = {"injected": {"transfer_fail": 9}, "transfer_retries": 6, "transfers_recovered": 2,
+       "fell_back": {"transfer_failed:recompute_on_decode": 3}, "fell_back_requests": 3,
+       "failed": {}, "cancelled": 0, "cancelled_by_stage": {}}
+  assert faults_section(f, 100) == [
+      "## Faults and recovery", "",
+      "- Injected: transfer_fail 9",
+      "- KV transfer attempts retried: 6; transfers that succeeded after failing: 2",
+      "- Requests that fell back: 3 (transfer_failed:recompute_on_decode 3)", "",
+      "**3.0% of requests did not take their planned path** (more than 1%): latency numbers "
+      "of this run include recoveries, not the steady state of the configuration.", ""]
+  assert faults_section(f, 1000)[-1] == ""             # 0.3%: listed, not called out
+  assert not any("did not take" in line for line in faults_section(f, 1000))
+  assert faults_section({"injected": {}, "fell_back_requests": 0}, 10) == []
+
+
+def test_cli_sim_run_with_every_fault_on(tmp_path):
+  """The sim backend through the CLI, every fault kind on: nothing lost, the summary's faults
+  object and report section, fallbacks per request."""
+  import json
+  import subprocess
+  import sys
+  proc = subprocess.run(
+      [sys.executable, "-m", "pdjax.run", "--config=configs/default.py", "--config.backend=sim",
+       "--config.progress=False", "--config.mode=disaggregated", "--config.debug=True",
+       "--config.workload.num_requests=300", "--config.workload.rate=200",
+       "--config.faults.transfer_fail_prob=0.3", "--config.faults.transfer_delay=exp:0.002",
+       "--config.kv.transfer_timeout_s=0.005", "--config.faults.slow_instance=decode-1:3@0.2",
+       "--config.faults.kill_instance=decode-0@0.5,prefill-1@0.7",
+       "--config.faults.restart_s=0.3", "--config.faults.cancel_prob=0.1",
+       f"--workdir={tmp_path}"], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  s = json.loads((tmp_path / "summary.json").read_text())
+  records = [json.loads(l) for l in (tmp_path / "requests.jsonl").open()]
+  f = s["faults"]
+  assert set(f["injected"]) == {"cancel", "kill_instance", "slow_step", "transfer_delay",
+                                "transfer_fail"}
+  assert f["instances_killed"] == 2 and f["instances_restarted"] == 2
+  assert sum(s["requests"][k] for k in ("finished", "rejected", "failed", "cancelled")) == 300
+  assert f["fell_back_requests"] == sum(1 for r in records if r["fallbacks"])
+  assert s["kv_pages_leaked"] == 0
+  assert "## Faults and recovery" in (tmp_path / "report.md").read_text()

@@ -139,3 +139,39 @@ def test_non_finite_logits_fail_the_request_with_the_reason(tiny_model):
   assert {(r.status.value, r.reason) for r in result.requests} == {
       ("failed", "the model produced non-finite logits (NaN/inf); no token was sampled")}
   assert serving.kv_pages_leaked(instances) == 0
+
+
+def test_debug_check_catches_an_output_that_differs_from_running_alone(tiny_model):
+  cfg, params = tiny_model
+  reqs = _requests()[:2]
+  for r, m in zip(reqs, MAX_NEW):
+    r.output_ids = programs.reference_generate(params, cfg, r.prompt_ids, m, eos_ids=(2,))
+    r.status = Status.FINISHED
+  assert serving.check_outputs_alone(reqs, cfg, params) == 2
+  reqs[1].output_ids[3] += 1          # as if another request's token had leaked in
+  with pytest.raises(serving.InvariantViolation,
+                     match="request r1: output differs from the same request run alone from "
+                           "token 3 on"):
+    serving.check_outputs_alone(reqs, cfg, params)
+
+
+def test_cli_debug_run_with_faults_on_the_real_engine(tmp_path):
+  """python -m pdjax.run with debug=True and faults on: the run completes (every invariant
+  held after every loop turn, and every greedy output equals its request run alone)."""
+  import json
+  import subprocess
+  import sys
+  proc = subprocess.run(
+      [sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
+       "--config.progress=False", "--config.mode=disaggregated", "--config.debug=True",
+       "--config.faults.transfer_fail_prob=0.5", "--config.faults.cancel_prob=0.25",
+       "--config.faults.seed=1", f"--workdir={tmp_path}"],
+      capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  f = summary["faults"]
+  assert f["injected"]["transfer_fail"] > 0 and f["transfer_retries"] > 0
+  assert summary["requests"]["cancelled"] == f["cancelled"] > 0
+  assert summary["requests"]["finished"] + f["cancelled"] + summary["requests"]["failed"] == 8
+  records = [json.loads(l) for l in (tmp_path / "requests.jsonl").open()]
+  assert all("fallbacks" in r for r in records)

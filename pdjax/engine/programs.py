@@ -7,6 +7,8 @@ built on the host by `pdjax.engine.batch`; see that module for every field's sha
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -53,6 +55,15 @@ def scatter_pages(kv, pages, page_ids):
   return k, v
 
 
+@functools.lru_cache(maxsize=8)
+def _dense_forward(cfg, dtype):
+  """The reference's jitted no-cache forward, built once per (model config, dtype) so repeated
+  reference runs reuse its compiled shapes."""
+  model = Llama(cfg, mode="dense", dtype=dtype)
+  return jax.jit(lambda p, toks, last: model.apply(
+      p, toks, (), {"positions": jnp.arange(toks.shape[0])}, last[None])[0])
+
+
 def reference_generate(params, cfg, prompt_ids, max_new_tokens: int, eos_ids=(), dtype=jnp.float32,
                        bucket: int = 64):
   """No-cache reference: recomputes the whole sequence for every new token (greedy).
@@ -60,9 +71,7 @@ def reference_generate(params, cfg, prompt_ids, max_new_tokens: int, eos_ids=(),
   The sequence is zero-padded to a multiple of `bucket` so a few shapes compile; causal
   attention keeps padding after the last real token from changing its logits.
   """
-  model = Llama(cfg, mode="dense", dtype=dtype)
-  forward = jax.jit(lambda p, toks, last: model.apply(
-      p, toks, (), {"positions": jnp.arange(toks.shape[0])}, last[None])[0])
+  forward = _dense_forward(cfg, jnp.dtype(dtype))
   ids = list(prompt_ids)
   out = []
   for _ in range(max_new_tokens):
