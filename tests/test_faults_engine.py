@@ -175,3 +175,45 @@ def test_cli_debug_run_with_faults_on_the_real_engine(tmp_path):
   assert summary["requests"]["finished"] + f["cancelled"] + summary["requests"]["failed"] == 8
   records = [json.loads(l) for l in (tmp_path / "requests.jsonl").open()]
   assert all("fallbacks" in r for r in records)
+
+
+def _poison_on_free(inst):
+  """From now on, every page that returns to inst's free list is filled with NaN on the device
+  at once (as if its next owner had written garbage): a transfer still reading it, or any read
+  after the free, would turn outputs into NaN or change tokens."""
+  import jax.numpy as jnp
+  width = inst.opts.pages_per_seq
+  poison = jax.jit(lambda kv, pages: tuple(x.at[:, :, pages].set(jnp.nan) for x in kv),
+                   out_shardings=inst._kv_sh)
+  free = inst.tables.free
+
+  def free_and_poison(seq_id, now=0.0):
+    pages = inst.tables.block_table(seq_id)
+    free(seq_id, now)
+    gone = [p for p in pages if inst.tables.allocator.is_free(p)]
+    if gone:
+      padded = (gone * width)[:width]
+      inst.kv = poison(inst.kv, jnp.asarray(padded, jnp.int32))
+
+  inst.tables.free = free_and_poison
+  return lambda: setattr(inst.tables, "free", free)
+
+
+def test_freed_pages_poisoned_at_once_never_reach_an_output(cluster):
+  """Pages are poisoned the moment they are freed — after a transfer (the source side), on a
+  failed attempt (the destination side), on cancellation and on finish — with transfer
+  failures, retries and cancellations on: finished requests still match the reference."""
+  instances, reference = cluster
+  undo = [_poison_on_free(inst) for inst in instances]
+  try:
+    spec = FaultSpec(transfer_fail_prob=0.5, cancel_prob=0.3, seed=4)
+    result = serving.serve("disaggregated", instances, _requests(), debug=True,
+                           injector=FaultInjector(spec))
+  finally:
+    for u in undo:
+      u()
+  assert sum(r.status == Status.FINISHED for r in result.requests) >= 3
+  assert result.faults["transfer_retries"] > 0
+  _check(result, reference)
+  again = serving.serve("disaggregated", instances, _requests())   # pools full of NaN now
+  assert [r.output_ids for r in again.requests] == reference
