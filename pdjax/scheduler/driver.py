@@ -435,43 +435,48 @@ class Driver(Recovery):
                                        self.clock.now(), owner=r.tenant)
       skip = hit // self.opts.page_size
       r.decode_cached_tokens = hit
-      dst_pages = dst.tables.block_table(r.id)
       r.transfer_start_s = self.clock.now()
       self._maybe_cancel(r, "transfer")
-      why = self._transfer_fault(r)
-      result = None
-      if why is None:
-        try:
-          result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
-                                    dst_pages[skip:len(src_pages)])
-        except Exception as e:
-          why = f"{type(e).__name__}: {e}"
-      if result is None:
-        now = self.clock.now()
-        self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
-        self._transfer_failed(r, src, dst, f"{src.name}->{dst.name}: {why}")
+      fails, delay = self.injector.transfer_attempt(r, self._attempts.get(id(r), 0))
+      why = "injected transfer failure" if fails else None
+      if delay:
+        # A stalled link holds only this request, never the loop: the attempt lands (or
+        # times out) later, as an event, while every instance keeps stepping.
+        timeout = self.opts.transfer_timeout_s
+        if timeout and delay > timeout:
+          delay, why = timeout, f"stalled past the {timeout:g} s transfer timeout"
+        self._in_transfer[id(r)] = (r, src, dst)
+        self._schedule(self.clock.now() + delay, "land", (r, src, dst, skip, why))
         continue
-      self._transfer_succeeded(r)
-      src.tables.free(r.id, self.clock.now())
-      dst.tables.cache_computed(r.id, r.prompt_len, self.clock.now())
-      self._touch(src)
-      self._touch(dst)
-      r.transfer_end_s = self.clock.now()
-      r.transfer_bytes, r.transfer_s = result.bytes, result.seconds
-      self.transfers.append({"bytes": result.bytes, "seconds": result.seconds, "ok": True})
-      r.status, r.decode_instance, r.decode_start_s = Status.DECODING, dst.name, r.transfer_end_s
-      dst.running.append(r)
+      self._complete_transfer(r, src, dst, skip, why)
 
-  def _transfer_fault(self, r: Request) -> str | None:
-    """Injected trouble for this attempt: waits out an injected delay (up to the timeout) and
-    returns why the attempt fails, or None."""
-    fails, delay = self.injector.transfer_attempt(r, self._attempts.get(id(r), 0))
-    timeout = self.opts.transfer_timeout_s
-    if delay:
-      self.clock.sleep_until(self.clock.now() + (min(delay, timeout) if timeout else delay))
-      if timeout and delay > timeout:
-        return f"stalled past the {timeout:g} s transfer timeout"
-    return "injected transfer failure" if fails else None
+  def _complete_transfer(self, r: Request, src: Worker, dst: Worker, skip: int,
+                         why: str | None) -> None:
+    """Moves r's KV from src to dst (unless this attempt already failed); on success r joins
+    dst's running batch, on failure the recovery policy takes over."""
+    src_pages, dst_pages = src.tables.block_table(r.id), dst.tables.block_table(r.id)
+    result = None
+    if why is None:
+      try:
+        result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
+                                  dst_pages[skip:len(src_pages)])
+      except Exception as e:
+        why = f"{type(e).__name__}: {e}"
+    if result is None:
+      now = self.clock.now()
+      self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
+      self._transfer_failed(r, src, dst, f"{src.name}->{dst.name}: {why}")
+      return
+    self._transfer_succeeded(r)
+    src.tables.free(r.id, self.clock.now())
+    dst.tables.cache_computed(r.id, r.prompt_len, self.clock.now())
+    self._touch(src)
+    self._touch(dst)
+    r.transfer_end_s = self.clock.now()
+    r.transfer_bytes, r.transfer_s = result.bytes, result.seconds
+    self.transfers.append({"bytes": result.bytes, "seconds": result.seconds, "ok": True})
+    r.status, r.decode_instance, r.decode_start_s = Status.DECODING, dst.name, r.transfer_end_s
+    dst.running.append(r)
 
   def _switch_roles(self) -> None:
     if self.mode != "disaggregated":
@@ -529,7 +534,8 @@ class Driver(Recovery):
     for w in self.workers:
       for r in list(w.waiting) + w.running:
         places[id(r)] = places.get(id(r), 0) + 1
-    for r, _ in list(self.transfer_queue) + list(self._retrying.values()):
+    in_transfer = [(r, s) for r, s, _ in self._in_transfer.values()]
+    for r, _ in list(self.transfer_queue) + list(self._retrying.values()) + in_transfer:
       places[id(r)] = places.get(id(r), 0) + 1
     for r in requests:
       n = places.get(id(r), 0)

@@ -39,6 +39,7 @@ class Recovery:
     self._attempts: dict[int, int] = {}                  # id(req) -> failed transfer attempts
     self._held_since: dict[int, float] = {}              # id(req) -> entered transfer queue
     self._retrying: dict[int, tuple[Request, object]] = {}
+    self._in_transfer: dict[int, tuple[Request, object, object]] = {}   # delayed, in flight
     self.fault_counts: dict[str, int] = {"transfer_retries": 0, "transfers_recovered": 0,
                                          "pages_reclaimed_by_lease": 0,
                                          "pages_lost_with_instances": 0, "instances_killed": 0,
@@ -69,6 +70,8 @@ class Recovery:
         self._restart(self._by_name[payload])
       elif kind == "retry":
         self._retry(*payload)
+      elif kind == "land":
+        self._land(*payload)
 
   def _wake_s(self) -> float | None:
     """The earliest time something is due besides arrivals: an event or a lease expiry."""
@@ -79,7 +82,7 @@ class Recovery:
 
   def _pending_work(self) -> bool:
     """Events that may still move a request (retries, restarts)."""
-    return any(kind in ("retry", "restart") for _, _, kind, _ in self._events)
+    return any(kind in ("retry", "restart", "land") for _, _, kind, _ in self._events)
 
   # ---- cancellation ------------------------------------------------------------------------
 
@@ -103,7 +106,7 @@ class Recovery:
       self.cancel(req, stage)
 
   def _inflight_ids(self) -> set[int]:
-    ids = set()
+    ids = set(self._in_transfer)
     for w in self.workers:
       if w.inflight is not None:
         ids.update(id(r) for r, _, _ in w.inflight.plan.chunks)
@@ -138,6 +141,7 @@ class Recovery:
         (r, s) for r, s in self.transfer_queue if r is not req)
     self._held_since.pop(id(req), None)
     self._retrying.pop(id(req), None)
+    self._in_transfer.pop(id(req), None)
 
   # ---- KV transfer failures and leases -----------------------------------------------------
 
@@ -173,6 +177,23 @@ class Recovery:
       self._recompute_on(r, "decode", FALLBACK_DEATH_RECOMPUTE, f"{src.name} died")
       return
     self.transfer_queue.appendleft((r, src))
+
+  def _land(self, r: Request, src, dst, skip: int, why: str | None) -> None:
+    """A delayed transfer attempt arrives (or times out). Either end may have died meanwhile."""
+    self._in_transfer.pop(id(r), None)
+    if r.status.terminal:
+      return
+    if src.dead or r.id not in src.tables:
+      self._drop_everywhere(r)
+      self._recompute_on(r, "decode", FALLBACK_DEATH_RECOMPUTE, f"{src.name} died")
+      return
+    if dst.dead or r.id not in dst.tables:
+      if r.id in dst.tables:
+        dst.tables.free(r.id, self.clock.now())
+      self.transfer_queue.appendleft((r, src))   # pick another decode instance
+      self._held_since[id(r)] = self.clock.now()
+      return
+    self._complete_transfer(r, src, dst, skip, why)
 
   def _transfer_succeeded(self, r: Request) -> None:
     if self._attempts.pop(id(r), 0):
