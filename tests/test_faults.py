@@ -343,3 +343,21 @@ def test_cli_sim_run_with_every_fault_on(tmp_path):
   assert f["fell_back_requests"] == sum(1 for r in records if r["fallbacks"])
   assert s["kv_pages_leaked"] == 0
   assert "## Faults and recovery" in (tmp_path / "report.md").read_text()
+
+
+def test_a_request_finished_twice_fails_the_run_loudly():
+  from pdjax.scheduler import driver as driver_lib
+  original = driver_lib.Driver._emit
+
+  def emit_twice(self, w, req, token, now):
+    done = original(self, w, req, token, now)
+    if done and req.id == "r0":
+      self._terminal += 1            # as if a second path had finished it again
+    return done
+
+  driver_lib.Driver._emit = emit_twice
+  try:
+    with pytest.raises(AssertionError, match="the driver ended 7 requests, 6 are terminal"):
+      _serve()
+  finally:
+    driver_lib.Driver._emit = original

@@ -168,7 +168,7 @@ class Driver(Recovery):
       done = self._terminal
       if inflight:
         continue
-      if done == len(requests) and not arrivals:
+      if done >= len(requests) and not arrivals:
         break
       due = [t for t in (arrivals[0].arrival_s if arrivals else None, wake) if t is not None]
       if due:
@@ -179,6 +179,9 @@ class Driver(Recovery):
         continue
       self._fail_stalled(requests)   # nothing in flight, nothing to come: cannot progress
     self._run_events(float("inf"), only=("flush",))   # flushes past the last request: at the end
+    terminal = sum(r.status.terminal for r in requests)
+    if self._terminal != terminal:   # a request finished twice (or behind the driver's back)
+      raise AssertionError(f"the driver ended {self._terminal} requests, {terminal} are terminal")
     return RunResult(requests, self.transfers, self.clock.now(), self.steps, self.samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
