@@ -121,8 +121,7 @@ def test_a_flush_scheduled_after_the_last_request_runs_at_the_end():
     ("a@-1", "kv.flush_tenants='a@-1' item 'a@-1' is not tenant@seconds (seconds >= 0)"),
 ])
 def test_bad_flush_schedule_is_one_line(value, error):
-  from configs.default import get_config
-  cfg = get_config()
+  cfg = config_lib.load_config_module("configs/default.py").get_config()
   cfg.kv.flush_tenants = value
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.flush_schedule(cfg)
@@ -130,8 +129,7 @@ def test_bad_flush_schedule_is_one_line(value, error):
 
 
 def test_flush_schedule_parses_and_sorts():
-  from configs.default import get_config
-  cfg = get_config()
+  cfg = config_lib.load_config_module("configs/default.py").get_config()
   cfg.kv.flush_tenants = " b@2.5, a@1 ,"
   assert config_lib.flush_schedule(cfg) == ((1.0, "a"), (2.5, "b"))
 
