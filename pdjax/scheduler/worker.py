@@ -58,7 +58,9 @@ class Worker:
     self.inflight: Step | None = None
     self.draining_to: str | None = None       # a pending role switch: takes no new work
     self.dead = False                         # killed (fault injection): no work, no routing
-    self.prefill_tok_s: float | None = None   # measured, EWMA
+    self.prefill_tok_s: float | None = None   # measured, EWMA, per second of prefill step
+    self.prefill_drain_tok_s: float | None = None   # per second of wall time with a queue
+    self._drain_from: float | None = None     # when the current backlog period's clock started
     self.decode_step_s: float | None = None
 
   @property
@@ -107,6 +109,17 @@ class Worker:
       self.decode_step_s = _ewma(self.decode_step_s, seconds)
     else:
       self.prefill_tok_s = _ewma(self.prefill_tok_s, step.plan.num_tokens / seconds)
+    chunks = step.plan.chunks
+    if not chunks:
+      return
+    # The drain rate counts everything the instance did since its previous prefill step while
+    # requests waited (decode and mixed steps, stalls), which per-step throughput leaves out.
+    since = step.start_s if self._drain_from is None else self._drain_from
+    tokens = sum(end - start for _, start, end in chunks)
+    self.prefill_drain_tok_s = _ewma(self.prefill_drain_tok_s,
+                                     tokens / max(end_s - since, 1e-9))
+    done = sum(1 for req, _, end in chunks if end >= req.prefill_len)
+    self._drain_from = end_s if len(self.waiting) > done else None
 
 
 def _ewma(old: float | None, new: float) -> float:

@@ -1,8 +1,10 @@
 """predicted_slo: reject before prefill when the predicted TTFT or TPOT breaks the SLO
 (early rejection, as in Mooncake), instead of wasting prefill on a request that will miss.
 
-TTFT is predicted from the target instance's measured prefill throughput: (queued prompt
-tokens ahead + this prompt) / tokens per second. TPOT from the decode tier's measured step time
+TTFT is predicted from the target instance's measured drain rate: (queued prompt tokens ahead
++ this prompt) / prompt tokens it prefilled per second of wall time while requests waited
+(which counts the decode steps and stalls between its prefill steps; before a backlog has
+been seen, its per-step prefill throughput). TPOT from the decode tier's measured step time
 (the least busy instance's). Until an instance has been measured, nothing is rejected for it.
 """
 
@@ -15,8 +17,9 @@ class PredictedSlo(AdmissionPolicy):
     self.ttft, self.tpot = slo_ttft_s, slo_tpot_s
 
   def check(self, req, worker, path, decode_tier):
-    if worker.prefill_tok_s:
-      ttft = (worker.queued_tokens() + req.prompt_len) / worker.prefill_tok_s
+    rate = worker.prefill_drain_tok_s or worker.prefill_tok_s
+    if rate:
+      ttft = (worker.queued_tokens() + req.prompt_len) / rate
       if ttft > self.ttft:
         return f"predicted TTFT {ttft:.2f} s > slo.ttft_s {self.ttft:.2f} s"
     tier = decode_tier if path.path == "disaggregated" else [worker]
