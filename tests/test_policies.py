@@ -133,6 +133,27 @@ class TestAdmission:
         "predicted TPOT 0.060 s > slo.tpot_s 0.050 s")
 
 
+  def test_drain_rate_counts_the_time_between_prefill_steps(self):
+    """Two prefill steps of 100 tokens with a 1 s decode step between them, the queue never
+    empty: per-step throughput says 100 tok/s, the drain rate 100 / 2 s after the second."""
+    from pdjax.scheduler.policies.base import StepPlan
+    from pdjax.scheduler.worker import Step
+    w = _workers(1)[0]
+    a, b, c = _req(0, 100, 1), _req(1, 100, 1), _req(2, 100, 1)
+    w.waiting.extend([a, b, c])
+    w.measure(Step(StepPlan(chunks=[(a, 0, 100)]), None, 0.0, "prefill"), 1.0)
+    w.waiting.remove(a)
+    assert (w.prefill_tok_s, w.prefill_drain_tok_s) == (100.0, 100.0)
+    w.measure(Step(StepPlan(decodes=[a]), None, 1.0, "decode"), 2.0)
+    w.measure(Step(StepPlan(chunks=[(b, 0, 100)]), None, 2.0, "prefill"), 3.0)
+    w.waiting.remove(b)
+    assert w.prefill_tok_s == 100.0
+    assert w.prefill_drain_tok_s == pytest.approx(0.3 * 50.0 + 0.7 * 100.0)   # EWMA, new 0.3
+    w.measure(Step(StepPlan(chunks=[(c, 0, 100)]), None, 10.0, "prefill"), 11.0)
+    w.waiting.remove(c)
+    assert w._drain_from is None   # queue empty: the next backlog starts its own clock
+
+
 class TestColocatedPolicies:
 
   def test_chunked_prefill_never_exceeds_budget_and_does_not_stall_decodes(self):
