@@ -66,6 +66,7 @@ def get_config(arg=None):
   c.scheduler.chunk_budget = 128                # tokens per chunked-prefill step
   c.scheduler.length_threshold = 128            # length_hybrid, prefix_hybrid (uncached part)
   c.scheduler.saturation = 0.9                  # load_hybrid: decode tier "full" at this share
+  c.scheduler.admission_headroom = 1.0           # predicted_slo: admit within this x the SLO
   c.scheduler.max_queue = 32                    # queue_bound: waiting requests per instance
   c.scheduler.role_switch_interval_s = 1.0      # queue_balance: how often it looks
   c.scheduler.role_switch_queued_tokens = 1024  # queue_balance: prefill backlog per instance

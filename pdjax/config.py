@@ -219,6 +219,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
            s.chunk_budget, f"must be within [1, {max(s.prefill_buckets)}] (the largest "
            "prefill bucket)")
   _require(s.max_queue >= 1, "scheduler.max_queue", s.max_queue, "must be >= 1")
+  h = s.get("admission_headroom", 1.0)
+  _require(0 < h <= 1, "scheduler.admission_headroom", h, "must be in (0, 1]")
   _require(s.length_threshold >= 0, "scheduler.length_threshold", s.length_threshold,
            "must be >= 0")
   _require(0 < s.saturation <= 1, "scheduler.saturation", s.saturation, "must be in (0, 1]")

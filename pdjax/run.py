@@ -50,7 +50,8 @@ def policies_for(cfg, run: str, opts):
                 max_prefill_seqs=opts.max_prefill_seqs, length_threshold=sc.length_threshold,
                 saturation=sc.saturation, max_queue=sc.max_queue, slo_ttft_s=cfg.slo.ttft_s,
                 slo_tpot_s=cfg.slo.tpot_s, interval_s=sc.role_switch_interval_s,
-                queued_tokens=sc.role_switch_queued_tokens, shared_salt=cfg.kv.shared_salt)
+                queued_tokens=sc.role_switch_queued_tokens, shared_salt=cfg.kv.shared_salt,
+                headroom=sc.get("admission_headroom", 1.0))
   return policy_lib.build(names, params, seed=cfg.seed)
 
 

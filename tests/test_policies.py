@@ -205,3 +205,13 @@ def test_unknown_policy_name_is_one_line():
   assert str(e.value) == ("scheduler.prefill_router='fastest' is not one of ['kv_aware', "
                           "'kv_aware_prefix', 'least_loaded', 'power_of_two', 'random', "
                           "'round_robin', 'session_sticky']")
+
+
+def test_predicted_slo_headroom_admits_within_a_fraction_of_the_slo():
+  w = _workers(1)[0]
+  policy = policy_lib.ADMISSIONS["predicted_slo"](slo_ttft_s=1.0, slo_tpot_s=0.05, headroom=0.8)
+  w.prefill_tok_s = 100.0
+  disagg = PathChoice("disaggregated", "prefill")
+  assert policy.check(_req(0, 80, 1), w, disagg, []) is None           # 0.80 s
+  assert policy.check(_req(1, 81, 1), w, disagg, []) == (
+      "predicted TTFT 0.81 s > 0.8 x slo.ttft_s 0.80 s")

@@ -32,6 +32,8 @@ ADMISSION = {
     "queue_bound 16": ["--config.scheduler.admission=queue_bound",
                        "--config.scheduler.max_queue=16"],
     "predicted_slo": ["--config.scheduler.admission=predicted_slo"],
+    "predicted_slo 0.8": ["--config.scheduler.admission=predicted_slo",
+                          "--config.scheduler.admission_headroom=0.8"],
 }
 
 

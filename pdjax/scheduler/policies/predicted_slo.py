@@ -13,17 +13,22 @@ from pdjax.scheduler.policies.base import AdmissionPolicy
 
 class PredictedSlo(AdmissionPolicy):
 
-  def __init__(self, slo_ttft_s: float = 1.0, slo_tpot_s: float = 0.1, **_):
-    self.ttft, self.tpot = slo_ttft_s, slo_tpot_s
+  def __init__(self, slo_ttft_s: float = 1.0, slo_tpot_s: float = 0.1, headroom: float = 1.0,
+               **_):
+    """headroom: admit only what is predicted within headroom x the SLO (a safety margin for
+    the prediction's error; scheduler.admission_headroom)."""
+    self.ttft, self.tpot = headroom * slo_ttft_s, headroom * slo_tpot_s
+    self.limit = "slo.{}" if headroom == 1.0 else f"{headroom:g} x slo.{{}}"
 
   def check(self, req, worker, path, decode_tier):
     rate = worker.prefill_drain_tok_s or worker.prefill_tok_s
     if rate:
       ttft = (worker.queued_tokens() + req.prompt_len) / rate
       if ttft > self.ttft:
-        return f"predicted TTFT {ttft:.2f} s > slo.ttft_s {self.ttft:.2f} s"
+        return f"predicted TTFT {ttft:.2f} s > {self.limit.format('ttft_s')} {self.ttft:.2f} s"
     tier = decode_tier if path.path == "disaggregated" else [worker]
     step_times = [w.decode_step_s for w in tier if w.decode_step_s]
     if step_times and min(step_times) > self.tpot:
-      return f"predicted TPOT {min(step_times):.3f} s > slo.tpot_s {self.tpot:.3f} s"
+      return (f"predicted TPOT {min(step_times):.3f} s > {self.limit.format('tpot_s')} "
+              f"{self.tpot:.3f} s")
     return None
