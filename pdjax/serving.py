@@ -34,7 +34,7 @@ def serve(mode: str, instances: list, requests: list[Request],
   max_batch = max(opts.decode_buckets)
   workers = [Worker(inst, inst.role, max_batch) for inst in instances]
   if transfer_fn is None:
-    from pdjax.engine.transfer import transfer_kv as transfer_fn
+    from pdjax.engine.transfer import transfer_kv_async as transfer_fn
   pool = min(inst.tables.allocator.num_pages for inst in instances)
   options = dataclasses.replace(driver_options(opts, max_batch, pool), **overrides)
   driver = Driver(mode, workers, options=options, clock=clock or WallClock(),

@@ -144,3 +144,35 @@ def test_least_loaded_router_spreads_requests():
                   clock=clock)
   reqs = driver.run([_req(i, 4, 1) for i in range(6)]).requests
   assert [r.prefill_instance for r in reqs] == ["colocated-0", "colocated-1", "colocated-2"] * 2
+
+
+def test_a_transfer_in_flight_does_not_hold_the_loop():
+  """r0's transfer is dispatched but lands only after 40 polls; r1's lands at once and decodes
+  meanwhile: the loop kept stepping while r0's pages were moving."""
+  clock = ManualClock()
+  p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
+  R = dataclasses.make_dataclass("R", ["bytes", "seconds"])
+
+  class Landing:
+    polls = 0
+
+    def ready(self):
+      self.polls += 1
+      return self.polls > 40
+
+    def result(self):
+      return R(bytes=1, seconds=0.0)
+
+  calls = []
+
+  def transfer(src, src_pages, dst, dst_pages):
+    calls.append(1)
+    return Landing() if len(calls) == 1 else R(bytes=1, seconds=0.0)
+
+  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+                  clock=clock, transfer_fn=transfer)
+  a, b = driver.run([_req(0, 4, 6), _req(1, 4, 6)]).requests
+  assert a.status == b.status == Status.FINISHED
+  assert b.decode_start_s < a.decode_start_s       # b decoded while a's pages moved
+  assert len([t for t in b.token_times if t < a.transfer_end_s]) >= 3
+  assert p.tables.num_used_pages == 0 and d.tables.num_used_pages == 0

@@ -12,7 +12,7 @@ from conftest import tiny_engine_options
 from pdjax import serving
 from pdjax.engine import programs
 from pdjax.engine.cluster import build_instances
-from pdjax.engine.transfer import transfer_kv
+from pdjax.engine.transfer import transfer_kv_async
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
 from pdjax.request import Request, SamplingParams, Status
@@ -68,7 +68,7 @@ def test_a_decode_instance_killed_mid_decode(cluster):
   instances, reference = cluster
   opts = instances[0].opts
   workers = [Worker(i, i.role, max(opts.decode_buckets)) for i in instances]
-  driver = Driver("disaggregated", workers, clock=WallClock(), transfer_fn=transfer_kv,
+  driver = Driver("disaggregated", workers, clock=WallClock(), transfer_fn=transfer_kv_async,
                   options=dataclasses.replace(serving.driver_options(opts, 8), debug=True))
   emit = driver._emit
 

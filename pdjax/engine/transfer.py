@@ -69,13 +69,43 @@ def compile_scatter(dst, n: int):
                       donate=(0,))
 
 
-def transfer_kv(src, src_pages: list[int], dst, dst_pages: list[int]) -> TransferResult:
-  """Copies the KV in src_pages (source pool) into dst_pages (destination pool)."""
+class PendingTransfer:
+  """A transfer dispatched but maybe not landed: ready() once the pages are on the destination
+  mesh; result() waits for that and reports bytes and seconds since dispatch (as observed:
+  the scheduler polls, so this includes up to one loop turn)."""
+
+  def __init__(self, pages, start: float):
+    self.pages, self.start = pages, start
+    self._seconds: float | None = None
+
+  def ready(self) -> bool:
+    if self._seconds is None and self.pages.is_ready():
+      self._seconds = time.perf_counter() - self.start
+    return self._seconds is not None
+
+  def result(self) -> TransferResult:
+    if self._seconds is None:
+      self.pages.block_until_ready()
+      self._seconds = time.perf_counter() - self.start
+    return TransferResult(bytes=int(self.pages.nbytes), seconds=self._seconds)
+
+
+def transfer_kv_async(src, src_pages: list[int], dst, dst_pages: list[int]) -> PendingTransfer:
+  """Dispatches the copy of src_pages (source pool) into dst_pages (destination pool) and
+  returns at once: the scheduler keeps stepping other instances while the pages move. The
+  destination's pool is updated in dispatch order, so its later steps see the pages; the
+  source pages must stay allocated until the transfer is ready."""
   if len(src_pages) != len(dst_pages):
     raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
   n = batch_lib.pick_bucket(src.opts.transfer_buckets, len(src_pages))
-  return _move(src, batch_lib.page_id_batch(src.geom, src_pages, n, pad_with_drop=False),
-               dst, batch_lib.page_id_batch(dst.geom, dst_pages, n, pad_with_drop=True))
+  return _dispatch(src, batch_lib.page_id_batch(src.geom, src_pages, n, pad_with_drop=False),
+                   dst, batch_lib.page_id_batch(dst.geom, dst_pages, n, pad_with_drop=True))
+
+
+def transfer_kv(src, src_pages: list[int], dst, dst_pages: list[int]) -> TransferResult:
+  """Copies the KV in src_pages (source pool) into dst_pages (destination pool); returns once
+  the pages have landed."""
+  return transfer_kv_async(src, src_pages, dst, dst_pages).result()
 
 
 def warm_up_transfers(src, dst) -> None:
@@ -86,6 +116,10 @@ def warm_up_transfers(src, dst) -> None:
 
 
 def _move(src, src_ids: np.ndarray, dst, dst_ids: np.ndarray) -> TransferResult:
+  return _dispatch(src, src_ids, dst, dst_ids).result()
+
+
+def _dispatch(src, src_ids: np.ndarray, dst, dst_ids: np.ndarray) -> PendingTransfer:
   start = time.perf_counter()
   n = len(src_ids)
   gather, plan = src._gather[(n, dst.tp)]
@@ -96,7 +130,5 @@ def _move(src, src_ids: np.ndarray, dst, dst_ids: np.ndarray) -> TransferResult:
   layers, kvh, _, ps, d = dst.kv_pool_shape
   pages = jax.make_array_from_single_device_arrays(
       (2, layers, kvh, n, ps, d), NamedSharding(dst.mesh, PAGES_SPEC), moved)
-  pages.block_until_ready()
-  seconds = time.perf_counter() - start
   dst.kv = dst._scatter[n](dst.kv, pages, dst_ids)
-  return TransferResult(bytes=int(pages.nbytes), seconds=seconds)
+  return PendingTransfer(pages, start)

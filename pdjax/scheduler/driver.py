@@ -153,6 +153,7 @@ class Driver(Recovery):
       self._apply_cancels()
       self._switch_roles()
       self._start_transfers()
+      self._poll_transfers()
       touched, self._touched = sorted(self._touched), set()
       for i in touched:                # worker order, as the policies' tie-breaks expect
         if self.workers[i].inflight is None and not self.workers[i].dead:
@@ -166,7 +167,7 @@ class Driver(Recovery):
       if on_progress and self._terminal != done:
         on_progress(self._terminal - done)
       done = self._terminal
-      if inflight:
+      if inflight or self._pending_transfers:
         continue
       if done >= len(requests) and not arrivals:
         break
@@ -198,17 +199,19 @@ class Driver(Recovery):
   def _wait_any(self, inflight: list[Worker], wake: float | None = None) -> list[Worker]:
     """The in-flight workers whose step is done, polling until at least one is or until
     `wake` (an event or lease expiry is due)."""
-    if not inflight:
+    if not inflight and not self._pending_transfers:
       return []
     ends = [getattr(w.inflight.pending, "end_s", None) for w in inflight]
-    if hasattr(self.clock, "advance_to") and None not in ends:
+    if hasattr(self.clock, "advance_to") and None not in ends and inflight and \
+        not self._pending_transfers:
       # virtual time: jump to the next step's end, or to the next event if that comes first
       self.clock.advance_to(min(ends) if wake is None else min(min(ends), wake))
       now = self.clock.now()
       return [w for w, end in zip(inflight, ends) if end <= now]
     while True:
       ready = [w for w in inflight if w.inflight.pending.ready()]
-      if ready or (wake is not None and self.clock.now() >= wake):
+      if ready or (wake is not None and self.clock.now() >= wake) or \
+          any(t.ready() for *_, t in self._pending_transfers):
         return ready
       time.sleep(POLL_S)
 
@@ -465,6 +468,35 @@ class Driver(Recovery):
                                   dst_pages[skip:len(src_pages)])
       except Exception as e:
         why = f"{type(e).__name__}: {e}"
+    if result is not None and hasattr(result, "ready"):
+      # Dispatched, not landed: the loop keeps stepping; _poll_transfers finishes it.
+      self._in_transfer[id(r)] = (r, src, dst)
+      self._pending_transfers.append((r, src, dst, result))
+      return
+    self._finish_transfer(r, src, dst, result, why)
+
+  def _poll_transfers(self) -> None:
+    """Finishes the dispatched transfers that have landed (either end may have died)."""
+    if not self._pending_transfers:
+      return
+    still = []
+    for r, src, dst, pending in self._pending_transfers:
+      if not pending.ready():
+        still.append((r, src, dst, pending))
+        continue
+      self._in_transfer.pop(id(r), None)
+      if src.dead or dst.dead or r.id not in src.tables or r.id not in dst.tables:
+        self._land(r, src, dst, 0, None)      # the same handling as a delayed landing
+        continue
+      try:
+        result, why = pending.result(), None
+      except Exception as e:
+        result, why = None, f"{type(e).__name__}: {e}"
+      self._finish_transfer(r, src, dst, result, why)
+    self._pending_transfers = still
+
+  def _finish_transfer(self, r: Request, src: Worker, dst: Worker, result,
+                       why: str | None) -> None:
     if result is None:
       now = self.clock.now()
       self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})

@@ -40,6 +40,7 @@ class Recovery:
     self._held_since: dict[int, float] = {}              # id(req) -> entered transfer queue
     self._retrying: dict[int, tuple[Request, object]] = {}
     self._in_transfer: dict[int, tuple[Request, object, object]] = {}   # delayed, in flight
+    self._pending_transfers: list = []    # (req, src, dst, pending) dispatched, not landed
     self.fault_counts: dict[str, int] = {"transfer_retries": 0, "transfers_recovered": 0,
                                          "pages_reclaimed_by_lease": 0,
                                          "pages_lost_with_instances": 0, "instances_killed": 0,
@@ -79,10 +80,6 @@ class Recovery:
     if self.opts.lease_s and self._held_since:
       times.append(min(self._held_since.values()) + self.opts.lease_s)
     return min(times) if times else None
-
-  def _pending_work(self) -> bool:
-    """Events that may still move a request (retries, restarts)."""
-    return any(kind in ("retry", "restart", "land") for _, _, kind, _ in self._events)
 
   # ---- cancellation ------------------------------------------------------------------------
 
@@ -142,6 +139,7 @@ class Recovery:
     self._held_since.pop(id(req), None)
     self._retrying.pop(id(req), None)
     self._in_transfer.pop(id(req), None)
+    self._pending_transfers = [t for t in self._pending_transfers if t[0] is not req]
 
   # ---- KV transfer failures and leases -----------------------------------------------------
 
