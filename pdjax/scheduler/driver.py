@@ -37,6 +37,7 @@ from pdjax.scheduler import batching
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.policies.base import PathChoice, StepPlan
 from pdjax.scheduler.recovery import Recovery
+from pdjax.scheduler.transfers import Transfers
 from pdjax.scheduler.worker import SlowPending, Step, Worker
 
 POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
@@ -91,7 +92,7 @@ def default_policies(options: DriverOptions) -> policy_lib.Policies:
                                       max_prefill_seqs=options.max_prefill_seqs))
 
 
-class Driver(Recovery):
+class Driver(Transfers, Recovery):
 
   def __init__(self, mode: str, workers: list[Worker], *, options: DriverOptions, clock,
                transfer_fn=None, policies: policy_lib.Policies | None = None,
@@ -421,97 +422,7 @@ class Driver(Recovery):
     self._finish(req, Status.FINISHED, now)
     return True
 
-  # ---- KV transfer and role switching (disaggregated) --------------------------------------
-
-  def _start_transfers(self) -> None:
-    while self.transfer_queue:
-      r, src = self.transfer_queue[0]
-      need = r.prompt_len + 1          # the prompt's KV plus the first decode step's slot
-      eligible = [d for d in self.tier("decode")
-                  if d.num_running() < d.max_batch and d.tables.can_allocate(need)]
-      dst = self.policies.decode_router.choose(r, eligible)
-      if dst is None:
-        return   # decode tier full: the request waits (holding its prefill pages)
-      self.transfer_queue.popleft()
-      self._held_since.pop(id(r), None)
-      src_pages = src.tables.block_table(r.id)
-      # With a prefix cache on the decode instance (multi-turn sessions), the pages it already
-      # holds are reused and only the rest move.
-      hit = dst.tables.allocate_prefix(r.id, r.prefill_tokens, need, self._salt(r),
-                                       self.clock.now(), owner=r.tenant)
-      skip = hit // self.opts.page_size
-      r.decode_cached_tokens = hit
-      r.transfer_start_s = self.clock.now()
-      self._maybe_cancel(r, "transfer")
-      fails, delay = self.injector.transfer_attempt(r, self._attempts.get(id(r), 0))
-      why = "injected transfer failure" if fails else None
-      if delay:
-        # A stalled link holds only this request, never the loop: the attempt lands (or
-        # times out) later, as an event, while every instance keeps stepping.
-        timeout = self.opts.transfer_timeout_s
-        if timeout and delay > timeout:
-          delay, why = timeout, f"stalled past the {timeout:g} s transfer timeout"
-        self._in_transfer[id(r)] = (r, src, dst)
-        self._schedule(self.clock.now() + delay, "land", (r, src, dst, skip, why))
-        continue
-      self._complete_transfer(r, src, dst, skip, why)
-
-  def _complete_transfer(self, r: Request, src: Worker, dst: Worker, skip: int,
-                         why: str | None) -> None:
-    """Moves r's KV from src to dst (unless this attempt already failed); on success r joins
-    dst's running batch, on failure the recovery policy takes over."""
-    src_pages, dst_pages = src.tables.block_table(r.id), dst.tables.block_table(r.id)
-    result = None
-    if why is None:
-      try:
-        result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
-                                  dst_pages[skip:len(src_pages)])
-      except Exception as e:
-        why = f"{type(e).__name__}: {e}"
-    if result is not None and hasattr(result, "ready"):
-      # Dispatched, not landed: the loop keeps stepping; _poll_transfers finishes it.
-      self._in_transfer[id(r)] = (r, src, dst)
-      self._pending_transfers.append((r, src, dst, result))
-      return
-    self._finish_transfer(r, src, dst, result, why)
-
-  def _poll_transfers(self) -> None:
-    """Finishes the dispatched transfers that have landed (either end may have died)."""
-    if not self._pending_transfers:
-      return
-    still = []
-    for r, src, dst, pending in self._pending_transfers:
-      if not pending.ready():
-        still.append((r, src, dst, pending))
-        continue
-      self._in_transfer.pop(id(r), None)
-      if src.dead or dst.dead or r.id not in src.tables or r.id not in dst.tables:
-        self._land(r, src, dst, 0, None)      # the same handling as a delayed landing
-        continue
-      try:
-        result, why = pending.result(), None
-      except Exception as e:
-        result, why = None, f"{type(e).__name__}: {e}"
-      self._finish_transfer(r, src, dst, result, why)
-    self._pending_transfers = still
-
-  def _finish_transfer(self, r: Request, src: Worker, dst: Worker, result,
-                       why: str | None) -> None:
-    if result is None:
-      now = self.clock.now()
-      self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
-      self._transfer_failed(r, src, dst, f"{src.name}->{dst.name}: {why}")
-      return
-    self._transfer_succeeded(r)
-    src.tables.free(r.id, self.clock.now())
-    dst.tables.cache_computed(r.id, r.prompt_len, self.clock.now())
-    self._touch(src)
-    self._touch(dst)
-    r.transfer_end_s = self.clock.now()
-    r.transfer_bytes, r.transfer_s = result.bytes, result.seconds
-    self.transfers.append({"bytes": result.bytes, "seconds": result.seconds, "ok": True})
-    r.status, r.decode_instance, r.decode_start_s = Status.DECODING, dst.name, r.transfer_end_s
-    dst.running.append(r)
+  # ---- role switching (disaggregated) ------------------------------------------------------
 
   def _switch_roles(self) -> None:
     if self.mode != "disaggregated":

@@ -1,0 +1,108 @@
+"""KV transfers of the disaggregated path: pick a decode instance with room, reuse what its
+prefix cache holds, move the rest, and hand the request to its running batch. A mixin of
+`Driver`; pure Python.
+
+A transfer is never waited for inside the loop: an injected delay lands later as an event,
+and a transfer function that returns a pending object (the real engine's
+`transfer_kv_async`) is polled each turn, so a slow link holds only its own request. The
+source pages stay allocated until the landing is seen; a failed attempt goes to the recovery
+policy (`Recovery._transfer_failed`).
+"""
+
+from __future__ import annotations
+
+from pdjax.request import Request, Status
+from pdjax.scheduler.worker import Worker
+
+
+class Transfers:
+
+  def _start_transfers(self) -> None:
+    while self.transfer_queue:
+      r, src = self.transfer_queue[0]
+      need = r.prompt_len + 1          # the prompt's KV plus the first decode step's slot
+      eligible = [d for d in self.tier("decode")
+                  if d.num_running() < d.max_batch and d.tables.can_allocate(need)]
+      dst = self.policies.decode_router.choose(r, eligible)
+      if dst is None:
+        return   # decode tier full: the request waits (holding its prefill pages)
+      self.transfer_queue.popleft()
+      self._held_since.pop(id(r), None)
+      src_pages = src.tables.block_table(r.id)
+      # With a prefix cache on the decode instance (multi-turn sessions), the pages it already
+      # holds are reused and only the rest move.
+      hit = dst.tables.allocate_prefix(r.id, r.prefill_tokens, need, self._salt(r),
+                                       self.clock.now(), owner=r.tenant)
+      skip = hit // self.opts.page_size
+      r.decode_cached_tokens = hit
+      r.transfer_start_s = self.clock.now()
+      self._maybe_cancel(r, "transfer")
+      fails, delay = self.injector.transfer_attempt(r, self._attempts.get(id(r), 0))
+      why = "injected transfer failure" if fails else None
+      if delay:
+        # A stalled link holds only this request, never the loop: the attempt lands (or
+        # times out) later, as an event, while every instance keeps stepping.
+        timeout = self.opts.transfer_timeout_s
+        if timeout and delay > timeout:
+          delay, why = timeout, f"stalled past the {timeout:g} s transfer timeout"
+        self._in_transfer[id(r)] = (r, src, dst)
+        self._schedule(self.clock.now() + delay, "land", (r, src, dst, skip, why))
+        continue
+      self._complete_transfer(r, src, dst, skip, why)
+
+  def _complete_transfer(self, r: Request, src: Worker, dst: Worker, skip: int,
+                         why: str | None) -> None:
+    """Moves r's KV from src to dst (unless this attempt already failed); on success r joins
+    dst's running batch, on failure the recovery policy takes over."""
+    src_pages, dst_pages = src.tables.block_table(r.id), dst.tables.block_table(r.id)
+    result = None
+    if why is None:
+      try:
+        result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
+                                  dst_pages[skip:len(src_pages)])
+      except Exception as e:
+        why = f"{type(e).__name__}: {e}"
+    if result is not None and hasattr(result, "ready"):
+      # Dispatched, not landed: the loop keeps stepping; _poll_transfers finishes it.
+      self._in_transfer[id(r)] = (r, src, dst)
+      self._pending_transfers.append((r, src, dst, result))
+      return
+    self._finish_transfer(r, src, dst, result, why)
+
+  def _poll_transfers(self) -> None:
+    """Finishes the dispatched transfers that have landed (either end may have died)."""
+    if not self._pending_transfers:
+      return
+    still = []
+    for r, src, dst, pending in self._pending_transfers:
+      if not pending.ready():
+        still.append((r, src, dst, pending))
+        continue
+      self._in_transfer.pop(id(r), None)
+      if src.dead or dst.dead or r.id not in src.tables or r.id not in dst.tables:
+        self._land(r, src, dst, 0, None)      # the same handling as a delayed landing
+        continue
+      try:
+        result, why = pending.result(), None
+      except Exception as e:
+        result, why = None, f"{type(e).__name__}: {e}"
+      self._finish_transfer(r, src, dst, result, why)
+    self._pending_transfers = still
+
+  def _finish_transfer(self, r: Request, src: Worker, dst: Worker, result,
+                       why: str | None) -> None:
+    if result is None:
+      now = self.clock.now()
+      self.transfers.append({"bytes": 0, "seconds": now - r.transfer_start_s, "ok": False})
+      self._transfer_failed(r, src, dst, f"{src.name}->{dst.name}: {why}")
+      return
+    self._transfer_succeeded(r)
+    src.tables.free(r.id, self.clock.now())
+    dst.tables.cache_computed(r.id, r.prompt_len, self.clock.now())
+    self._touch(src)
+    self._touch(dst)
+    r.transfer_end_s = self.clock.now()
+    r.transfer_bytes, r.transfer_s = result.bytes, result.seconds
+    self.transfers.append({"bytes": result.bytes, "seconds": result.seconds, "ok": True})
+    r.status, r.decode_instance, r.decode_start_s = Status.DECODING, dst.name, r.transfer_end_s
+    dst.running.append(r)
