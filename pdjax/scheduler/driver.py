@@ -472,20 +472,19 @@ class Driver(Transfers, Recovery):
       if not r.status.terminal:
         self._finish(r, Status.FAILED, now, "scheduler stalled: no step in flight and none possible")
 
-  def check_invariants(self, requests: list[Request]) -> None:
-    """Raises AssertionError on the first broken invariant: every live request is in exactly
-    one place (a queue, a transfer, a retry), terminal ones in none, and each pool's
-    bookkeeping holds (see BlockTables.check_invariants)."""
-    places: dict[int, int] = {}
-    for w in self.workers:
-      for r in list(w.waiting) + w.running:
-        places[id(r)] = places.get(id(r), 0) + 1
+  def check_invariants(self, requests: list[Request] | None = None) -> None:
+    """Raises AssertionError on the first broken invariant: every queued request is live and
+    in exactly one place (a queue, a transfer, a retry), and each pool's bookkeeping holds
+    (see BlockTables.check_invariants). Costs O(queued requests + pages), not O(run)."""
+    places: dict[int, list] = {}
     in_transfer = [(r, s) for r, s, _ in self._in_transfer.values()]
-    for r, _ in list(self.transfer_queue) + list(self._retrying.values()) + in_transfer:
-      places[id(r)] = places.get(id(r), 0) + 1
-    for r in requests:
-      n = places.get(id(r), 0)
-      if r.status.terminal and n:
+    queued = [r for w in self.workers for r in list(w.waiting) + w.running]
+    queued += [r for r, _ in list(self.transfer_queue) + list(self._retrying.values())
+               + in_transfer]
+    for r in queued:
+      places.setdefault(id(r), [r, 0])[1] += 1
+    for r, n in places.values():
+      if r.status.terminal:
         raise AssertionError(f"request {r.id} is {r.status.value} but still queued ({n} places)")
       if n > 1:
         raise AssertionError(f"request {r.id} is in {n} places at once")
