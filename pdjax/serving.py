@@ -49,10 +49,8 @@ def flush_tenant(instances: list, tenant: str, shared_salt: str = "") -> int:
   so no later request can reuse or time it); pages live requests still use stay theirs.
   With a shared salt, tenants share names and the whole shared cache is flushed. Returns the
   number of pages forgotten."""
-  from pdjax.kv.prefix_cache import salt_for
-  salt = salt_for(tenant, shared_salt)
-  return sum(inst.tables.cache.flush(salt) for inst in instances
-             if inst.tables.cache is not None)
+  from pdjax.kv.prefix_cache import flush_tenant as flush
+  return flush([inst.tables for inst in instances], tenant, shared_salt)
 
 
 def kv_pages_leaked(instances: list) -> int:

@@ -32,6 +32,14 @@ def salt_for(tenant: str, shared_salt: str = "") -> str:
   return shared_salt or f"tenant:{tenant}"
 
 
+def flush_tenant(tables, tenant: str, shared_salt: str = "") -> int:
+  """Forgets every cached page of `tenant` in each of these BlockTables (its data can no
+  longer be hit, so no later request can reuse or time it); pages live sequences still use
+  stay theirs. With a shared salt the whole shared cache goes. Returns pages forgotten."""
+  salt = salt_for(tenant, shared_salt)
+  return sum(t.cache.flush(salt) for t in tables if t.cache is not None)
+
+
 def prefix_names(salt: str, token_ids, page_size: int) -> list[bytes]:
   """Names of the full pages a request can reuse: all but the last token stay to compute."""
   return page_hashes(salt, token_ids, page_size, (len(token_ids) - 1) // page_size)

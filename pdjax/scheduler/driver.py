@@ -31,7 +31,7 @@ from collections import deque
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
 from pdjax.kv.pages import OutOfPages
-from pdjax.kv.prefix_cache import salt_for
+from pdjax.kv.prefix_cache import flush_tenant, salt_for
 from pdjax.request import Request, Status
 from pdjax.scheduler import batching
 from pdjax.scheduler import policies as policy_lib
@@ -164,7 +164,7 @@ class Driver(Transfers, Recovery):
       for w in self._wait_any(inflight, wake):
         self._collect(w)
       if self.opts.debug:
-        self.check_invariants(requests)
+        self.check_invariants()
       if on_progress and self._terminal != done:
         on_progress(self._terminal - done)
       done = self._terminal
@@ -191,8 +191,7 @@ class Driver(Transfers, Recovery):
 
   def _flush_tenant(self, tenant: str) -> None:
     """A scheduled tenant flush: nothing of the tenant's can be hit after."""
-    salt = salt_for(tenant, self.opts.shared_salt)
-    pages = sum(w.tables.cache.flush(salt) for w in self.workers if w.tables.cache is not None)
+    pages = flush_tenant([w.tables for w in self.workers], tenant, self.opts.shared_salt)
     self.flushes.append({"t_s": self.clock.now(), "tenant": tenant, "pages": pages})
     for w in self.workers:
       self._touch(w)   # freed pages may let a waiting request in
@@ -418,7 +417,7 @@ class Driver(Transfers, Recovery):
       # pages so a follow-up turn that repeats this conversation can hit them.
       w.tables.cache_computed(req.id, req.prompt_len + len(req.output_ids) - 1, now,
                               token_ids=list(req.prompt_ids) + req.output_ids[:-1])
-    w.tables.free(req.id, self.clock.now())
+    w.tables.free(req.id, now)
     self._finish(req, Status.FINISHED, now)
     return True
 
@@ -453,7 +452,7 @@ class Driver(Transfers, Recovery):
         if r in queue:
           queue.remove(r)
       if r.id in w.tables:
-        w.tables.free(r.id, self.clock.now())
+        w.tables.free(r.id, now)
       self._finish(r, Status.FAILED, now, reason)
 
   def _fail_stalled(self, requests: list[Request]) -> None:
@@ -461,18 +460,18 @@ class Driver(Transfers, Recovery):
     for w in self.workers:
       for r in list(w.waiting) + w.running:
         if r.id in w.tables:
-          w.tables.free(r.id, self.clock.now())
+          w.tables.free(r.id, now)
       w.waiting.clear()
       w.running.clear()
     for r, src in self.transfer_queue:
-      src.tables.free(r.id, self.clock.now())
+      src.tables.free(r.id, now)
     self.transfer_queue.clear()
     self._held_since.clear()
     for r in requests:
       if not r.status.terminal:
         self._finish(r, Status.FAILED, now, "scheduler stalled: no step in flight and none possible")
 
-  def check_invariants(self, requests: list[Request] | None = None) -> None:
+  def check_invariants(self) -> None:
     """Raises AssertionError on the first broken invariant: every queued request is live and
     in exactly one place (a queue, a transfer, a retry), and each pool's bookkeeping holds
     (see BlockTables.check_invariants). Costs O(queued requests + pages), not O(run)."""

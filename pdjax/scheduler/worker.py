@@ -28,13 +28,10 @@ class SlowPending:
     self.inner, self.start_s, self.factor, self.clock = inner, start_s, factor, clock
     self._due: float | None = None
 
-  def __getattr__(self, name):
-    if name == "end_s":
-      inner_end = getattr(self.inner, "end_s", None)
-      if inner_end is None:
-        raise AttributeError(name)
-      return self.start_s + self.factor * (inner_end - self.start_s)
-    raise AttributeError(name)
+  @property
+  def end_s(self) -> float:
+    """Only on the virtual clock (AttributeError otherwise, like a real step's pending)."""
+    return self.start_s + self.factor * (self.inner.end_s - self.start_s)
 
   def ready(self) -> bool:
     if getattr(self.inner, "end_s", None) is not None:
