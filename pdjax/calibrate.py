@@ -114,7 +114,7 @@ def measure_points(inst, opts, repeats: int, vocab: int) -> dict:
   points = {"prefill": [], "decode": []}
   for chunks in prefill_grid(opts):
     def step(tables, chunks=chunks):
-      seqs = [([3 + (7 * j) % (vocab - 3) for j in range(q)], c, t, 0.0)
+      seqs = [([3 + (7 * j) % (vocab - 3) for j in range(q)], c, t, 0.0, 0)
               for (q, c), t in zip(chunks, tables)]
       return _median_s(lambda: inst.prefill(seqs).result(), repeats)
     seconds = _with_pages(inst, [q + c for q, c in chunks], step)
@@ -123,7 +123,7 @@ def measure_points(inst, opts, repeats: int, vocab: int) -> dict:
                               "seconds": seconds})
   for contexts in decode_grid(opts):
     def step(tables, contexts=contexts):
-      seqs = [(5, ctx - 1, t, 0.0) for ctx, t in zip(contexts, tables)]
+      seqs = [(5, ctx - 1, t, 0.0, 0) for ctx, t in zip(contexts, tables)]
       return _median_s(lambda: inst.decode(seqs).result(), repeats)
     seconds = _with_pages(inst, contexts, step)
     padded = pick_bucket(opts.decode_buckets, len(contexts))
@@ -156,8 +156,8 @@ def measure_sharing(instances, opts, repeats: int) -> dict:
 
   def caller(inst, kind, tables):
     if kind == "prefill":
-      return lambda: inst.prefill([([7] * bucket, 0, tables[0], 0.0)])
-    return lambda: inst.decode([(5, ctx - 1, t, 0.0) for t in tables])
+      return lambda: inst.prefill([([7] * bucket, 0, tables[0], 0.0, 0)])
+    return lambda: inst.decode([(5, ctx - 1, t, 0.0, 0) for t in tables])
 
   def timed(group):   # group: [(instance, kind, tables)]; the first is the subject
     calls = [caller(*g) for g in group]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import zlib
 
 
 class Status(str, enum.Enum):
@@ -30,6 +31,7 @@ class SamplingParams:
   temperature: float = 0.0     # 0 means greedy
   max_new_tokens: int = 16
   ignore_eos: bool = False
+  seed: int | None = None      # this request's sampling seed (None: derived from its id)
 
 
 @dataclasses.dataclass(eq=False)   # a request is itself: queues find and remove it by identity
@@ -80,6 +82,15 @@ class Request:
     """Tokens a (re)prefill must put in the cache: the prompt, plus all generated tokens but the
     last after a preemption (the last one is the next decode step's input)."""
     return self.prompt_len + max(len(self.output_ids) - 1, 0)
+
+  @property
+  def sampling_seed(self) -> int:
+    """The request's part of every sampled token's randomness: its own `seed`, else a stable
+    hash of its id. With the run seed and the token's position it fixes the token's noise, so
+    a request samples the same tokens however it is batched or wherever it runs."""
+    if self.sampling.seed is not None:
+      return self.sampling.seed & 0x7FFFFFFF
+    return zlib.crc32(self.id.encode()) & 0x7FFFFFFF
 
   @property
   def prefill_tokens(self) -> list[int]:

@@ -10,6 +10,7 @@ import dataclasses
 from pdjax.kv.pages import BlockTables
 from pdjax.request import Request, SamplingParams
 from pdjax.scheduler.driver import DriverOptions
+from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.worker import Worker as _Worker
 
 PREFILL_S, DECODE_S = 0.1, 0.01
@@ -38,7 +39,7 @@ class FakeInstance:
 
   def prefill(self, seqs):
     self.calls.append(("prefill", [len(s[0]) for s in seqs]))
-    error = RuntimeError("device lost") if self.fail_prefill else None
+    error = DeviceError("device lost") if self.fail_prefill else None
     return FakePending(self.clock, PREFILL_S, [100 + s[1] + len(s[0]) for s in seqs], error)
 
   def decode(self, seqs):

@@ -53,7 +53,7 @@ def test_paged_prefill_logits_match_dense(hf_llama):
   path, _ = hf_llama
   cfg, params = load_hf_checkpoint(path)
   geom = batch_lib.PageGeometry(num_pages=20, page_size=8, pages_per_seq=8)
-  seqs = [(PROMPTS[0], 0, [3], 0.0), (PROMPTS[2], 0, [11, 4, 7, 0, 9, 12, 2], 0.0)]
+  seqs = [(PROMPTS[0], 0, [3], 0.0, 0), (PROMPTS[2], 0, [11, 4, 7, 0, 9, 12, 2], 0.0, 0)]
   b = batch_lib.prefill_batch(geom, seqs, num_tokens=64, max_seqs=4, step=0)
   pool = jnp.zeros((cfg.num_layers, cfg.num_kv_heads, 20, 8, cfg.head_dim))
   meta = {k: jnp.asarray(v) for k, v in b.items()}

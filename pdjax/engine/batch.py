@@ -43,7 +43,7 @@ class PageGeometry:
 
 
 def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int, step: int) -> dict:
-  """seqs: list of (token_ids, start, pages, temperature): token_ids go at positions
+  """seqs: list of (token_ids, start, pages, temperature, seed): token_ids go at positions
   start.. of that sequence, whose first `start` tokens are already in the cache (a chunk after
   a cached prefix; a decode row is a one-token chunk). The program samples after each
   sequence's last token."""
@@ -60,7 +60,8 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int, s
   cu_q_lens = np.zeros(max_seqs + 1, np.int32)
   temperatures = np.zeros(max_seqs, np.float32)
   at = 0
-  for i, (ids, start, pages, temperature) in enumerate(seqs):
+  seeds = np.zeros(max_seqs, np.int32)
+  for i, (ids, start, pages, temperature, seed) in enumerate(seqs):
     n = len(ids)
     tokens[at:at + n] = ids
     positions[at:at + n] = np.arange(start, start + n)
@@ -68,17 +69,19 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int, s
     kv_lens[i] = start + n
     page_indices[i] = geom.table(pages)
     temperatures[i] = temperature
+    seeds[i] = seed
     at += n
     cu_q_lens[i + 1] = at
   cu_q_lens[len(seqs) + 1:] = at
   return dict(tokens=tokens, positions=positions, slot_mapping=slot_mapping, kv_lens=kv_lens,
               page_indices=page_indices, cu_q_lens=cu_q_lens,
               num_seqs=np.array([len(seqs)], np.int32), temperatures=temperatures,
-              step=np.int32(step))
+              seeds=seeds, step=np.int32(step))
 
 
 def decode_batch(geom: PageGeometry, seqs, *, batch_size: int, step: int) -> dict:
-  """seqs: list of (last_token, position, pages, temperature); position = where it goes."""
+  """seqs: list of (last_token, position, pages, temperature, seed); position = where it
+  goes; seed = the request's sampling seed (Request.sampling_seed)."""
   if len(seqs) > batch_size:
     raise ValueError(f"{len(seqs)} sequences exceed the batch bucket {batch_size}")
   tokens = np.zeros(batch_size, np.int32)
@@ -87,15 +90,18 @@ def decode_batch(geom: PageGeometry, seqs, *, batch_size: int, step: int) -> dic
   lengths = np.ones(batch_size, np.int32)
   page_indices = np.zeros((batch_size, geom.pages_per_seq), np.int32)
   temperatures = np.zeros(batch_size, np.float32)
-  for i, (token, pos, pages, temperature) in enumerate(seqs):
+  seeds = np.zeros(batch_size, np.int32)
+  for i, (token, pos, pages, temperature, seed) in enumerate(seqs):
     tokens[i] = token
     positions[i] = pos
     slot_mapping[i] = geom.slots(pages, pos, pos + 1)[0]
     lengths[i] = pos + 1
     page_indices[i] = geom.table(pages)
     temperatures[i] = temperature
+    seeds[i] = seed
   return dict(tokens=tokens, positions=positions, slot_mapping=slot_mapping, lengths=lengths,
-              page_indices=page_indices, temperatures=temperatures, step=np.int32(step))
+              page_indices=page_indices, temperatures=temperatures, seeds=seeds,
+              step=np.int32(step))
 
 
 def page_id_batch(geom: PageGeometry, pages: list[int], bucket: int, *, pad_with_drop: bool):

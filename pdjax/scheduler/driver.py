@@ -279,12 +279,12 @@ class Driver(Transfers, Recovery):
       self._maybe_cancel(req, "prefill")
     table = w.tables.block_table
     decode_rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
-                    r.sampling.temperature) for r in plan.decodes]
+                    r.sampling.temperature, r.sampling_seed) for r in plan.decodes]
     if plan.chunks:
       kind = "mixed" if plan.decodes else "prefill"
-      seqs = [(req.prefill_tokens[start:end], start, table(req.id), req.sampling.temperature)
-              for req, start, end in plan.chunks]
-      seqs += [([tok], pos, pages, t) for tok, pos, pages, t in decode_rows]
+      seqs = [(req.prefill_tokens[start:end], start, table(req.id), req.sampling.temperature,
+               req.sampling_seed) for req, start, end in plan.chunks]
+      seqs += [([tok], pos, pages, t, seed) for tok, pos, pages, t, seed in decode_rows]
       call = lambda: w.instance.prefill(seqs)
     else:
       kind, call = "decode", lambda: w.instance.decode(decode_rows)

@@ -49,15 +49,15 @@ class SimInstance:
     return token
 
   def prefill(self, seqs) -> SimPending:
-    """seqs: (token_ids, start, pages, temperature) as on the real instance."""
-    seconds = self.cost.prefill_s([(len(ids), start) for ids, start, _, _ in seqs])
-    tokens = [self._token(start + len(ids)) for ids, start, _, _ in seqs]
+    """seqs: (token_ids, start, pages, temperature, seed) as on the real instance."""
+    seconds = self.cost.prefill_s([(len(ids), start) for ids, start, *_ in seqs])
+    tokens = [self._token(start + len(ids)) for ids, start, *_ in seqs]
     return self._pending(seconds, tokens, "prefill")
 
   def decode(self, seqs) -> SimPending:
-    """seqs: (last_token, position, pages, temperature) as on the real instance."""
-    seconds = self.cost.decode_s([pos + 1 for _, pos, _, _ in seqs])
-    tokens = [self._token(pos + 1) for _, pos, _, _ in seqs]
+    """seqs: (last_token, position, pages, temperature, seed) as on the real instance."""
+    seconds = self.cost.decode_s([pos + 1 for _, pos, *_ in seqs])
+    tokens = [self._token(pos + 1) for _, pos, *_ in seqs]
     return self._pending(seconds, tokens, "decode")
 
   def _pending(self, seconds: float, tokens: list[int], kind: str) -> SimPending:
