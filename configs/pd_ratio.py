@@ -1,23 +1,6 @@
-"""P:D ratio on 8 devices: 1P3D, 2P2D, 3P1D (TP2 each), same workload, disaggregated.
+"""Re-exports pdjax/configs/pd_ratio.py (shipped with the package; edit that file).
 
-Run:   python -m pdjax.sweep --config=configs/pd_ratio.py
-Expect: sweep.md with one row per ratio; on a prefill-heavy mix (long documents) more prefill
-instances cut TTFT, more decode instances cut TPOT and transfer waits.
+Kept so that `--config=configs/pd_ratio.py` works from a clone's root.
 """
 
-from pdjax.config import sibling_config
-
-default = sibling_config(__file__)
-
-
-def get_config(arg=None):
-  c = default.get_config(arg)
-  c.mode = "disaggregated"
-  c.workload.num_requests = 48
-  c.workload.rate = 8.0
-  return c
-
-
-def get_sweep():
-  return [{"cluster.prefill.instances": p, "cluster.decode.instances": 4 - p}
-          for p in (1, 2, 3)]
+from pdjax.configs.pd_ratio import get_config, get_sweep  # noqa: F401

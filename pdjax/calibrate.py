@@ -32,8 +32,8 @@ from pdjax import config as config_lib
 from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, use_cpu_devices
 
 MIN_POINT_S = 0.05
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "configs", "default.py")
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                               "default.py")   # shipped with the package
 try:
   CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
                                             "Config whose model, engine and TP to calibrate.",

@@ -1,6 +1,6 @@
 """Capacity planner: the placement with the highest per-chip goodput at the config's SLOs.
 
-  python -m pdjax.plan --config=configs/distserve_opt66b.py [--workdir=DIR]
+  python -m pdjax.plan --config=configs/distserve_repro.py [--workdir=DIR]
   python -m pdjax.plan --config.plan.chip_budget=16 --config.plan.tp_choices="(2,4,8)"
 
 Runs on the simulator (backend=sim, whatever the config says): for every placement within

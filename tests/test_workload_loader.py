@@ -174,3 +174,16 @@ def test_tenants_follow_sessions():
 def test_tenants_must_be_a_positive_integer():
   assert loader.validate_workload(config(tenants=0)) == (
       "workload.tenants=0 must be an integer >= 1")
+
+
+def test_jsonl_ids_reach_the_requests(tmp_path):
+  path = tmp_path / "joined.jsonl"
+  path.write_text(
+      '{"id": "q-2", "arrival_s": 0.5, "prompt_ids": [5, 6], "output_len": 2}\n'
+      '{"id": "q-1", "arrival_s": 0.0, "prompt_len": 3, "output_len": 2}\n'
+      '{"id": "q-2", "arrival_s": 1.0, "prompt_len": 3, "output_len": 2}\n'
+      '{"arrival_s": 2.0, "prompt_len": 3, "output_len": 2}\n')
+  requests, problems = load(config(kind="jsonl", path=str(path), num_requests=0))
+  assert [r.id for r in requests] == ["q-1", "q-2", "req-00002"]
+  assert requests[1].prompt_ids == [5, 6]
+  assert problems == ["joined.jsonl:3: id='q-2' duplicates line 1"]

@@ -166,3 +166,56 @@ def test_mooncake_small_blocks_scale_lengths():
 
 def test_replay_of_nothing():
   assert play([]) == ([], [])
+
+
+def _write_jsonl(tmp_path, lines):
+  path = tmp_path / "ids.jsonl"
+  path.write_text("".join(line + "\n" for line in lines))
+  return str(path)
+
+
+def test_jsonl_rows_keep_their_own_ids(tmp_path):
+  path = _write_jsonl(tmp_path, [
+      '{"id": "conv-7", "arrival_s": 2.0, "prompt_len": 4, "output_len": 2}',
+      '{"arrival_s": 0.0, "prompt_len": 4, "output_len": 2}',
+      '{"id": "conv-3", "arrival_s": 1.0, "prompt_len": 4, "output_len": 2}',
+      '{"arrival_s": 3.0, "prompt_len": 4, "output_len": 2}',
+  ])
+  rows, problems = traces.read_jsonl(path)
+  assert problems == [] and [r.id for r in rows] == ["conv-7", "", "conv-3", ""]
+  requests, _ = play(rows)
+  # Sorted by arrival; rows without an id are named by their place in that order.
+  assert [r.id for r in requests] == ["req-00000", "conv-3", "conv-7", "req-00003"]
+
+
+def test_jsonl_duplicate_and_bad_ids_are_problems_and_skipped(tmp_path):
+  path = _write_jsonl(tmp_path, [
+      '{"id": "a", "arrival_s": 0.0, "prompt_len": 4, "output_len": 2}',
+      '{"id": "b", "arrival_s": 0.5, "prompt_len": 4, "output_len": 2}',
+      '{"id": "a", "arrival_s": 1.0, "prompt_len": 4, "output_len": 2}',
+      '{"id": 7, "arrival_s": 1.5, "prompt_len": 4, "output_len": 2}',
+      '{"id": "", "arrival_s": 2.0, "prompt_len": 4, "output_len": 2}',
+      '{"id": "c", "arrival_s": 2.5, "prompt_len": 0, "output_len": 2}',
+      '{"id": "c", "arrival_s": 3.0, "prompt_len": 4, "output_len": 2}',
+  ])
+  rows, problems = traces.read_jsonl(path)
+  # A bad row does not claim its id: line 7 reuses the id of the skipped line 6.
+  assert [(r.line, r.id) for r in rows] == [(1, "a"), (2, "b"), (7, "c")]
+  assert problems == [
+      "ids.jsonl:3: id='a' duplicates line 1",
+      "ids.jsonl:4: id=7 is not a string",
+      "ids.jsonl:5: id='' is empty",
+      "ids.jsonl:6: prompt_len=0 must be >= 1",
+  ]
+  rows, _ = traces.read_jsonl(path, num_requests=2)
+  assert [r.id for r in rows] == ["a", "b"]
+
+
+def test_generated_ids_avoid_a_rows_own_id(tmp_path):
+  path = _write_jsonl(tmp_path, [
+      '{"arrival_s": 0.0, "prompt_len": 4, "output_len": 2}',
+      '{"id": "req-00000", "arrival_s": 1.0, "prompt_len": 4, "output_len": 2}',
+      '{"id": "req-00000.1", "arrival_s": 2.0, "prompt_len": 4, "output_len": 2}',
+  ])
+  requests, _ = play(traces.read_jsonl(path)[0])
+  assert [r.id for r in requests] == ["req-00000.2", "req-00000", "req-00000.1"]

@@ -154,7 +154,8 @@ def _tenants(specs, n: int) -> list[str]:
 def load_workload(w, *, seed: int, vocab_size: int, eos_ids: tuple[int, ...],
                   max_model_len: int,
                   temperature: float = 0.0) -> tuple[list[Request], list[str]]:
-  """Requests sorted by arrival (ids req-00000.. in that order) and the problems list.
+  """Requests sorted by arrival (ids req-00000.. in that order; a JSONL row's own id is kept)
+  and the problems list.
 
   Raises ValueError with validate_workload's line when w is unusable.
   """

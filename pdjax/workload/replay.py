@@ -3,9 +3,11 @@
 The per-row work (token ids, fitting into max_model_len, the Request itself) is a
 `grain.MapDataset.source(rows).map_with_index(...)` pipeline, so later work can shard or
 prefetch large traces without changing the transform. Rows are sorted by arrival first (ties
-keep file order) and ids are req-00000.. in that order. time_scale multiplies every gap from
-the first arrival (0.5 replays twice as fast). A row without prompt ids gets ids seeded by
-(seed, its line), or its Mooncake blocks: the same trace and seed give the same requests.
+keep file order); a row keeps its own id when it has one (generic JSONL), the others get
+req-00000.. by their place in that order (skipping any name a row's own id took). time_scale
+multiplies every gap from the first arrival (0.5 replays twice as fast). A row without prompt
+ids gets ids seeded by (seed, its line), or its Mooncake blocks: the same trace and seed give
+the same requests.
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ class RowToRequest:
   temperature: float
   eos_ids: tuple[int, ...]
   ignore_eos: bool
+  taken: frozenset[str] = frozenset()   # the rows' own ids: generated ids avoid them
+
+  def request_id(self, index: int, row: TraceRow) -> str:
+    """The row's own id, else req-<index>; a generated id some row owns gets a .<n> suffix."""
+    if row.id:
+      return row.id
+    name, n = f"req-{index:05d}", 0
+    while (f"{name}.{n}" if n else name) in self.taken:
+      n += 1
+    return f"{name}.{n}" if n else name
 
   def prompt_ids(self, row: TraceRow) -> list[int]:
     if row.prompt_ids is not None:
@@ -45,7 +57,7 @@ class RowToRequest:
     prompt_len, output_len = fit_lengths(row.prompt_len, row.output_len, self.max_model_len)
     row = dataclasses.replace(row, prompt_len=prompt_len)
     return Request(
-        id=f"req-{index:05d}", arrival_s=float(row.arrival_s),
+        id=self.request_id(index, row), arrival_s=float(row.arrival_s),
         prompt_ids=self.prompt_ids(row)[:prompt_len],
         sampling=SamplingParams(temperature=self.temperature, max_new_tokens=output_len,
                                 ignore_eos=self.ignore_eos),
@@ -75,7 +87,8 @@ def replay(rows: list[TraceRow], *, source: str, seed: int, vocab_size: int,
   rows = scale_time(rows, time_scale)
   to_request = RowToRequest(seed=int(seed), allowed=allowed_token_ids(vocab_size, eos_ids),
                             max_model_len=max_model_len, temperature=temperature,
-                            eos_ids=tuple(int(e) for e in eos_ids), ignore_eos=ignore_eos)
+                            eos_ids=tuple(int(e) for e in eos_ids), ignore_eos=ignore_eos,
+                            taken=frozenset(r.id for r in rows if r.id))
   requests = list(grain.MapDataset.source(rows).map_with_index(to_request))
   truncated = sum(fit_lengths(r.prompt_len, r.output_len, max_model_len)
                   != (r.prompt_len, r.output_len) for r in rows)

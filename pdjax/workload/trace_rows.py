@@ -27,6 +27,7 @@ class TraceRow:
   block_size: int = 0                         # tokens per hash_ids block
   tenant: str = ""
   session: str = ""
+  id: str = ""                                # the trace's own id (generic JSONL); "" = none
 
 
 class Problems:
@@ -102,6 +103,17 @@ def as_int_list(key: str, value, minimum: int = 0, below: int | None = None) -> 
 def as_str(key: str, value) -> str:
   if not isinstance(value, str):
     raise BadField(f"{key}={value!r} is not a string")
+  return value
+
+
+def as_id(value, seen: dict[str, int]) -> str:
+  """A row's own id: a non-empty string not already taken by an earlier row (seen maps each
+  kept id to its line). Results join back to the trace by it, so a duplicate is bad input."""
+  value = as_str("id", value)
+  if not value:
+    raise BadField("id='' is empty")
+  if value in seen:
+    raise BadField(f"id={value!r} duplicates line {seen[value]}")
   return value
 
 

@@ -13,7 +13,9 @@ timed formats start at 0 on the first (earliest) row; the generic JSONL keeps it
             Log Type. Rows with 0 response tokens are failed requests: skipped, counted in one
             summary problem. Model becomes the request's tenant.
   jsonl     generic JSONL: arrival_s, prompt_ids (ids in [0, vocab_size)) or prompt_len,
-            output_len, optional tenant and session (strings).
+            output_len, optional id, tenant and session (strings). A row's id becomes its
+            request's id (results join back to the trace); a repeated id is a problem and
+            that later row is skipped.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import json
 import math
 from collections.abc import Callable, Iterator
 
-from pdjax.workload.trace_rows import (BadField, Problems, TraceRow, as_int, as_int_list,
-                                       as_seconds, as_str, require, start_at_zero)
+from pdjax.workload.trace_rows import (BadField, Problems, TraceRow, as_id, as_int,
+                                       as_int_list, as_seconds, as_str, require, start_at_zero)
 
 MOONCAKE_BLOCK = 512   # tokens per hash_ids block in the Mooncake traces
 Reader = Callable[..., tuple[list[TraceRow], list[str]]]
@@ -146,10 +148,11 @@ def read_mooncake(path: str, *, num_requests: int | None = None,
 
 def read_jsonl(path: str, *, num_requests: int | None = None,
                vocab_size: int | None = None) -> tuple[list[TraceRow], list[str]]:
-  problems, rows = Problems(path), []
+  problems, rows, seen = Problems(path), [], {}
   for line, rec in _json_records(path, problems):
     try:
       require(rec, "arrival_s", "output_len")
+      row_id = as_id(rec["id"], seen) if "id" in rec else ""
       if "prompt_ids" in rec:
         prompt_ids = as_int_list("prompt_ids", rec["prompt_ids"], 0, vocab_size)
         if not prompt_ids:
@@ -163,7 +166,9 @@ def read_jsonl(path: str, *, num_requests: int | None = None,
           line=line, arrival_s=as_seconds("arrival_s", rec["arrival_s"]),
           prompt_len=prompt_len, output_len=as_int("output_len", rec["output_len"], 1),
           prompt_ids=prompt_ids, tenant=as_str("tenant", rec.get("tenant", "")),
-          session=as_str("session", rec.get("session", ""))))
+          session=as_str("session", rec.get("session", "")), id=row_id))
+      if row_id:
+        seen[row_id] = line
     except BadField as e:
       problems.row(line, str(e))
     if _full(rows, num_requests):

@@ -1,0 +1,120 @@
+"""The embedded default: colocated vs disaggregated on 8 virtual CPU devices, tiny Llama.
+
+Run:   python -m pdjax.run                      (same as --config=configs/default.py)
+Smoke: python -m pdjax.run --config=configs/default.py:smoke   (a few requests, for tests)
+
+Colocated: 4 instances x TP2, once with prefill_first and once with chunked prefill ("chunked").
+Disaggregated: 2 prefill x TP2 + 2 decode x TP2. Same seeded workload for all three: Poisson
+arrivals mixing short chat requests with long document requests.
+Expect a side-by-side table; on a 2-core CPU the whole run takes about a minute.
+This file ships with the package (pdjax/configs/default.py); configs/default.py in a clone
+re-exports it.
+"""
+
+import ml_collections
+
+from pdjax.workload.loader import default_workload_config
+
+
+def get_config(arg=None):
+  c = ml_collections.ConfigDict()
+  c.mode = "compare"                       # colocated | disaggregated | compare (all three:
+                                           # colocated, chunked, disaggregated)
+  c.seed = 0
+  c.backend = "jax"                        # jax (real engine) | sim (cost model, virtual clock)
+  c.num_cpu_devices = 8                    # virtual devices when the platform is CPU
+  c.compile_cache_dir = "~/.cache/pdjax/xla"   # JAX persistent compilation cache; "" = off
+
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = "tiny"                  # used when model.checkpoint is empty
+  c.model.checkpoint = ""                  # local Hugging Face folder (config.json + safetensors)
+  c.model.dtype = "float32"                # float32 | bfloat16
+  c.model.attention_impl = "auto"          # auto (Pallas on TPU/GPU, XLA on CPU) | pallas | xla
+
+  c.cluster = ml_collections.ConfigDict()
+  c.cluster.prefill = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))
+  c.cluster.decode = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))
+  c.cluster.colocated = ml_collections.ConfigDict(dict(instances=4, tp=2, kv_pages=0))
+  # kv_pages: this tier's KV pool per instance; 0 = kv.pages_per_instance
+
+  c.kv = ml_collections.ConfigDict()
+  c.kv.page_size = 16
+  c.kv.pages_per_instance = 256
+  c.kv.max_model_len = 512                 # prompt + generated tokens per sequence
+  c.kv.prefix_cache = False                # reuse cached full pages of equal prefixes
+  c.kv.cache_pages = 0                     # most pages cached per instance (0: the pool)
+  c.kv.ttl_s = 0.0                         # cached pages idle longer are dropped (0: never)
+  c.kv.shared_salt = ""                    # "" = per-tenant salts (no cross-tenant hits)
+  c.kv.tenant_quota_pages = 0              # pages a tenant may hold per tier (0: no quota)
+  c.kv.eviction = "lru"                    # idle cached pages dropped first: lru | lfu
+  c.kv.flush_tenants = ""                  # "tenant@seconds,...": forget its cached pages then
+  c.kv.transfer_failure_policy = "retry_then_recompute"   # or "fail"
+  c.kv.transfer_retries = 3                # retries of a failed KV transfer before the policy
+  c.kv.transfer_backoff_s = 0.005          # first retry's delay (doubles per retry)
+  c.kv.transfer_timeout_s = 0.0            # an attempt stalled longer fails (0: no timeout)
+  c.kv.lease_s = 60.0                      # prefill KV no decode instance pulls: reclaimed (0: never)
+
+  c.scheduler = ml_collections.ConfigDict()
+  c.scheduler.prefill_buckets = (64, 128, 256, 512)   # packed prompt tokens per prefill step
+  c.scheduler.max_prefill_seqs = 4
+  c.scheduler.decode_buckets = (4, 8, 16)             # sequences per decode step
+  c.scheduler.prefill_router = "least_loaded"   # round_robin|random|least_loaded|power_of_two|
+  c.scheduler.decode_router = "least_loaded"    #   kv_aware|kv_aware_prefix|session_sticky
+  c.scheduler.path = "always_disagg"            # always_disagg|always_colocated|length_hybrid|
+                                                #   load_hybrid|prefix_hybrid
+  c.scheduler.admission = "none"                # none|queue_bound|predicted_slo
+  c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)
+  c.scheduler.role_switch = "none"              # none|queue_balance
+  c.scheduler.chunk_budget = 128                # tokens per chunked-prefill step
+  c.scheduler.length_threshold = 128            # length_hybrid, prefix_hybrid (uncached part)
+  c.scheduler.saturation = 0.9                  # load_hybrid: decode tier "full" at this share
+  c.scheduler.admission_headroom = 1.0           # predicted_slo: admit within this x the SLO
+  c.scheduler.max_queue = 32                    # queue_bound: waiting requests per instance
+  c.scheduler.role_switch_interval_s = 1.0      # queue_balance: how often it looks
+  c.scheduler.role_switch_queued_tokens = 1024  # queue_balance: prefill backlog per instance
+
+  c.workload = default_workload_config()   # kind, preset, arrival, rate, num_requests, ...
+  c.workload.num_requests = 64
+  c.workload.rate = 8.0                    # requests per second (Poisson)
+
+  c.sampling = ml_collections.ConfigDict(dict(temperature=0.0))
+  c.slo = ml_collections.ConfigDict(dict(ttft_s=1.0, tpot_s=0.1, attainment=0.9))
+  c.progress = True
+  c.debug = False                          # invariants after every scheduler turn; jax: each greedy
+                                           # output == the same request run alone (slow)
+
+  c.faults = ml_collections.ConfigDict()   # fault injection, seeded, all off by default
+  c.faults.seed = -1                       # -1: the run's seed
+  c.faults.transfer_fail_prob = 0.0        # each KV transfer attempt fails with this probability
+  c.faults.transfer_delay = ""             # const:S | exp:MEAN | uniform:LO:HI extra seconds
+  c.faults.slow_instance = ""              # "name:factor@seconds,...": steps factor x slower
+  c.faults.kill_instance = ""              # "name@seconds,...": the instance dies then
+  c.faults.restart_s = 0.0                 # a killed instance is back after this (0: never)
+  c.faults.cancel_prob = 0.0               # a client aborts a request with this probability
+  c.faults.cancel_stages = "queued,prefill,transfer_wait,transfer,decode"
+
+  c.sim = ml_collections.ConfigDict()      # backend=sim only
+  c.sim.cost_model = "roofline"            # roofline (hardware preset) | calibrated (sim.profile)
+  c.sim.hardware = "h200"                  # tpu_v5e | tpu_v5p | tpu_v6e | a100 | h100 | h200
+  c.sim.link_gbps = 0.0                    # P->D link in Gbit/s; 0 = the preset's ICI/NVLink
+  c.sim.profile = ""                       # calibrated profile JSON; "" = the shipped CPU one
+
+  c.plan = ml_collections.ConfigDict()     # python -m pdjax.plan (always on the simulator)
+  c.plan.chip_budget = 8                   # chips to place prefill/decode/colocated instances on
+  c.plan.tp_choices = (1, 2, 4, 8)         # TP degrees to try per tier
+  c.plan.num_requests = 300                # requests per simulated rate (at least)
+  c.plan.min_duration_s = 0.0              # ... and at least this many seconds of arrivals
+  c.plan.rate_lo = 1.0                     # req/s; the rate search starts at [lo, hi] and
+  c.plan.rate_hi = 16.0                    #   doubles hi while hi still meets the SLOs
+  c.plan.rel_tol = 0.05                    # bisection stops within 5% of the best rate
+  c.plan.mem_util = 0.9                    # share of HBM for weights + KV (the rest: activations)
+
+  if arg == "smoke":
+    c.workload.num_requests = 8
+    c.workload.rate = 20.0
+    c.scheduler.prefill_buckets = (64, 512)
+    c.scheduler.decode_buckets = (4, 16)
+    c.scheduler.chunk_budget = 64
+  elif arg:
+    raise ValueError(f"unknown variant {arg!r} (known: smoke)")
+  return c
