@@ -11,6 +11,7 @@ import pytest
 from pdjax.request import Status
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
+from pdjax.scheduler.errors import DeviceError
 
 from fake_engine import OPTS, FakeInstance, Worker, _req, ok_transfer  # noqa: F401
 
@@ -70,7 +71,7 @@ def test_transfer_failure_fails_only_that_request_and_frees_pages():
   def flaky(src, src_pages, dst, dst_pages):
     calls.append(1)
     if len(calls) == 1:
-      raise RuntimeError("link down")
+      raise DeviceError("link down")
     return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
 
   opts = dataclasses.replace(OPTS, transfer_failure_policy="fail", transfer_retries=0)
@@ -78,7 +79,7 @@ def test_transfer_failure_fails_only_that_request_and_frees_pages():
                   clock=clock, transfer_fn=flaky)
   a, b = driver.run([_req(0, 4, 3), _req(1, 4, 3)]).requests
   assert (a.status, a.reason) == (Status.FAILED, "kv transfer failed after 1 attempt(s): "
-                                                 "prefill-0->decode-0: RuntimeError: link down")
+                                                 "prefill-0->decode-0: DeviceError: link down")
   assert b.status == Status.FINISHED and b.output_ids == [104, 105, 106]
   assert [t["ok"] for t in driver.transfers] == [False, True]
   assert p.tables.num_used_pages == 0 and d.tables.num_used_pages == 0
@@ -92,7 +93,7 @@ def test_failed_step_fails_its_batch_not_the_run():
                   options=OPTS, clock=clock)
   a, b = driver.run([_req(0, 4, 2), _req(1, 4, 2)]).requests   # least loaded: one each
   assert (a.status, a.reason) == (Status.FAILED, "prefill step failed on colocated-0: "
-                                                 "RuntimeError: device lost")
+                                                 "DeviceError: device lost")
   assert b.status == Status.FINISHED and b.output_ids == [104, 105]
   assert bad.tables.num_used_pages == 0 and good.tables.num_used_pages == 0
 
@@ -106,9 +107,10 @@ def test_rejections_are_terminal_with_reasons():
   assert [(r.status.value, r.reason) for r in reqs] == [
       ("rejected", "empty prompt"),
       ("rejected", "prompt_len + max_new_tokens = 25 exceeds max_model_len = 24"),
-      ("rejected", "prompt_len = 17 exceeds the prefill token budget 16"),
+      ("finished", ""),   # longer than the 16-token budget: prefilled alone, in two pieces
       ("finished", ""),
   ]
+  assert reqs[2].output_ids == [117] and inst.calls[:2] == [("prefill", [16]), ("prefill", [1, 3])]
 
 
 def test_eos_stops_generation():

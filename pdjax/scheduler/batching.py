@@ -5,9 +5,10 @@ from __future__ import annotations
 from pdjax.request import Request
 
 
-def rejection_reason(req: Request, *, max_model_len: int, token_budget: int | None,
-                     pool_pages: int, page_size: int, vocab_size: int = 0) -> str | None:
-  """Why a request can never be served on this cluster, or None if it can."""
+def rejection_reason(req: Request, *, max_model_len: int, pool_pages: int, page_size: int,
+                     vocab_size: int = 0) -> str | None:
+  """Why a request can never be served on this cluster, or None if it can. (A prompt longer
+  than the prefill token budget can: the step policies prefill it in pieces.)"""
   if req.prompt_len == 0:
     return "empty prompt"
   if vocab_size:
@@ -19,8 +20,6 @@ def rejection_reason(req: Request, *, max_model_len: int, token_budget: int | No
   if req.max_len > max_model_len:
     return (f"prompt_len + max_new_tokens = {req.max_len} exceeds "
             f"max_model_len = {max_model_len}")
-  if token_budget is not None and req.prompt_len > token_budget:
-    return f"prompt_len = {req.prompt_len} exceeds the prefill token budget {token_budget}"
   if -(-req.max_len // page_size) > pool_pages:
     return f"needs {-(-req.max_len // page_size)} KV pages, the pool has {pool_pages}"
   return None

@@ -36,6 +36,7 @@ from pdjax.request import Request, Status
 from pdjax.scheduler import batching
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.policies.base import PathChoice, StepPlan
+from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.recovery import Recovery
 from pdjax.scheduler.transfers import Transfers
 from pdjax.scheduler.worker import SlowPending, Step, Worker
@@ -184,6 +185,11 @@ class Driver(Transfers, Recovery):
     terminal = sum(r.status.terminal for r in requests)
     if self._terminal != terminal:   # a request finished twice (or behind the driver's back)
       raise AssertionError(f"the driver ended {self._terminal} requests, {terminal} are terminal")
+    for w in self.workers:
+      if w.running or w.reserved or w.waiting:
+        raise AssertionError(f"{w.name} still holds {len(w.waiting)} waiting, {len(w.running)} "
+                             f"running, {len(w.reserved)} reserved requests at the end")
+    self._check_transfers_not_all_failed()
     return RunResult(requests, self.transfers, self.clock.now(), self.steps, self.samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
@@ -202,10 +208,12 @@ class Driver(Transfers, Recovery):
     if not inflight and not self._pending_transfers:
       return []
     ends = [getattr(w.inflight.pending, "end_s", None) for w in inflight]
-    if hasattr(self.clock, "advance_to") and None not in ends and inflight and \
-        not self._pending_transfers:
-      # virtual time: jump to the next step's end, or to the next event if that comes first
-      self.clock.advance_to(min(ends) if wake is None else min(min(ends), wake))
+    lands = [getattr(t, "end_s", None) for *_, t in self._pending_transfers]
+    if hasattr(self.clock, "advance_to") and None not in ends + lands:
+      # virtual time: jump to the next step's end or transfer's landing, or to the next event
+      # if that comes first; landed transfers are finished by the next turn's poll
+      due = min(ends + lands)
+      self.clock.advance_to(due if wake is None else min(due, wake))
       now = self.clock.now()
       return [w for w, end in zip(inflight, ends) if end <= now]
     while True:
@@ -222,7 +230,6 @@ class Driver(Transfers, Recovery):
       req = arrivals.popleft()
       reason = batching.rejection_reason(
           req, max_model_len=o.max_model_len, pool_pages=o.pool_pages, page_size=o.page_size,
-          token_budget=getattr(p.step, "max_prompt_tokens", o.token_budget),
           vocab_size=o.vocab_size)
       if not reason:
         choice = (COLOCATED if self.mode == "colocated" else
@@ -270,6 +277,7 @@ class Driver(Transfers, Recovery):
       self._ensure_decode_slots(w, plan)
     if plan.empty:
       return
+    self._check_step_size(w, plan)
     now = self.clock.now()
     for req, _, _ in plan.chunks:
       if req.prefill_start_s is None:
@@ -289,7 +297,7 @@ class Driver(Transfers, Recovery):
     else:
       kind, call = "decode", lambda: w.instance.decode(decode_rows)
     self.samples.append({"t": now, "instance": w.name, "role": w.role,
-                         "queued": w.num_waiting(), "running": w.num_running(),
+                         "queued": w.num_waiting(), "running": len(w.running),
                          "kv_pages_used": w.tables.num_used_pages,
                          "kv_pages_total": w.total_pages(),
                          "kv_pages_cached": w.tables.num_cached_idle_pages,
@@ -300,8 +308,22 @@ class Driver(Transfers, Recovery):
         self.injector.injected["slow_step"] += 1
         pending = SlowPending(pending, now, slow, self.clock)
       w.inflight = Step(plan, pending, now, kind)
-    except Exception as e:  # a failed step fails its requests, never the run
+    except DeviceError as e:  # a device failure fails the step's requests, never the run
       self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
+
+  def _check_step_size(self, w: Worker, plan: StepPlan) -> None:
+    """No instance ever plans a step larger than its largest compiled bucket: such a step
+    could only fail, taking its whole batch with it (a scheduling bug, so it raises)."""
+    o = self.opts
+    if plan.chunks:
+      rows = len(plan.chunks) + len(plan.decodes)
+      if plan.num_tokens > o.token_budget or rows > o.max_prefill_seqs:
+        raise AssertionError(f"{w.name} planned a prefill step of {plan.num_tokens} tokens in "
+                             f"{rows} sequences; its largest bucket is {o.token_budget} tokens "
+                             f"in {o.max_prefill_seqs}")
+    elif len(plan.decodes) > w.max_batch:
+      raise AssertionError(f"{w.name} planned a decode step of {len(plan.decodes)} rows; its "
+                           f"largest bucket is {w.max_batch}")
 
   def _allocate_prefill(self, w: Worker, r: Request) -> bool:
     """Gives a waiting request its pages; with a prefix cache, its longest cached prefix is
@@ -312,6 +334,8 @@ class Driver(Transfers, Recovery):
                                       self.clock.now(), owner=r.tenant)
     if cached is None:
       return False
+    if w.keeps(r):
+      w.reserve(r)                     # its decode slot here is promised from now on
     r.num_computed_tokens = cached
     if not r.output_ids:               # prompt tokens served from the cache (first prefill)
       r.cached_tokens = cached
@@ -352,7 +376,7 @@ class Driver(Transfers, Recovery):
     plan = step.plan
     try:
       tokens = step.pending.result()
-    except Exception as e:
+    except DeviceError as e:
       self._fail_plan(w, plan, f"{step.kind} step failed on {w.name}: {type(e).__name__}: {e}")
       return
     now = self.clock.now()
@@ -375,7 +399,7 @@ class Driver(Transfers, Recovery):
         req.status, req.decode_instance = Status.DECODING, w.name
         if req.decode_start_s is None:
           req.decode_start_s = now
-        w.running.append(req)
+        w.join(req)
         continue
       stays = w.keeps(req)
       req.prefill_end_s = now
@@ -383,7 +407,7 @@ class Driver(Transfers, Recovery):
         continue
       if stays:
         req.status, req.decode_instance, req.decode_start_s = Status.DECODING, w.name, now
-        w.running.append(req)
+        w.join(req)
       else:
         req.status = Status.TRANSFERRING
         self.transfer_queue.append((req, w))
@@ -399,8 +423,7 @@ class Driver(Transfers, Recovery):
     """A negative token is the engine's mark for non-finite logits: the request fails."""
     if token >= 0:
       return False
-    if req in w.running:
-      w.running.remove(req)
+    w.forget(req)
     w.tables.free(req.id, now)
     self._finish(req, Status.FAILED, now,
                  "the model produced non-finite logits (NaN/inf); no token was sampled")
@@ -410,8 +433,7 @@ class Driver(Transfers, Recovery):
     """Appends a generated token; finishes the request (freeing its pages) when it is done."""
     if not req.add_token(token, now):
       return False
-    if req in w.running:
-      w.running.remove(req)
+    w.forget(req)
     if w.tables.cache is not None:
       # The KV now holds the prompt and every generated token but the last: name its full
       # pages so a follow-up turn that repeats this conversation can hit them.
@@ -448,9 +470,7 @@ class Driver(Transfers, Recovery):
     now = self.clock.now()
     self._touch(w)
     for r in [req for req, _, _ in plan.chunks] + plan.decodes:
-      for queue in (w.waiting, w.running):
-        if r in queue:
-          queue.remove(r)
+      w.forget(r)
       if r.id in w.tables:
         w.tables.free(r.id, now)
       self._finish(r, Status.FAILED, now, reason)
@@ -463,6 +483,7 @@ class Driver(Transfers, Recovery):
           w.tables.free(r.id, now)
       w.waiting.clear()
       w.running.clear()
+      w.reserved.clear()
     for r, src in self.transfer_queue:
       src.tables.free(r.id, now)
     self.transfer_queue.clear()
@@ -489,3 +510,17 @@ class Driver(Transfers, Recovery):
         raise AssertionError(f"request {r.id} is in {n} places at once")
     for w in self.workers:
       w.tables.check_invariants()
+      self._check_slots(w)
+
+  def _check_slots(self, w: Worker) -> None:
+    """Decode slots: running + reserved within the largest decode bucket, and every
+    reservation held by a live request admitted here or a transfer in flight here."""
+    if len(w.running) + len(w.reserved) > w.max_batch:
+      raise AssertionError(f"{w.name}: {len(w.running)} running + {len(w.reserved)} reserved "
+                           f"decode slots exceed its largest bucket {w.max_batch}")
+    for r in w.reserved.values():
+      moving = self._in_transfer.get(id(r))
+      if r.status.terminal or not ((r in w.waiting and r.id in w.tables)
+                                   or (moving is not None and moving[2] is w)):
+        raise AssertionError(f"{w.name}: request {r.id} ({r.status.value}) holds a decode slot "
+                             f"reservation it has no claim to")

@@ -41,6 +41,8 @@ class Recovery:
     self._retrying: dict[int, tuple[Request, object]] = {}
     self._in_transfer: dict[int, tuple[Request, object, object]] = {}   # delayed, in flight
     self._pending_transfers: list = []    # (req, src, dst, pending) dispatched, not landed
+    self.transfers_landed = 0
+    self.transfer_errors: dict[str, int] = {}   # device-error reason -> failed attempts
     self.fault_counts: dict[str, int] = {"transfer_retries": 0, "transfers_recovered": 0,
                                          "pages_reclaimed_by_lease": 0,
                                          "pages_lost_with_instances": 0, "instances_killed": 0,
@@ -127,10 +129,7 @@ class Recovery:
     """Removes req from every queue and frees its pages on every instance."""
     now = self.clock.now()
     for w in self.workers:
-      if req in w.waiting:
-        w.waiting.remove(req)
-      if req in w.running:
-        w.running.remove(req)
+      w.forget(req)
       if req.id in w.tables:
         w.tables.free(req.id, now)
         self._touch(w)
@@ -146,8 +145,10 @@ class Recovery:
   def _transfer_failed(self, r: Request, src, dst, why: str) -> None:
     """One failed attempt: dst's pages go back; retry later, or give up (policy)."""
     now = self.clock.now()
-    if dst is not None and r.id in dst.tables:
-      dst.tables.free(r.id, now)
+    if dst is not None:
+      dst.release(r)
+      if r.id in dst.tables:
+        dst.tables.free(r.id, now)
       self._touch(dst)
     attempts = self._attempts.get(id(r), 0) + 1
     self._attempts[id(r)] = attempts
@@ -186,6 +187,7 @@ class Recovery:
       self._recompute_on(r, "decode", FALLBACK_DEATH_RECOMPUTE, f"{src.name} died")
       return
     if dst.dead or r.id not in dst.tables:
+      dst.release(r)
       if r.id in dst.tables:
         dst.tables.free(r.id, self.clock.now())
       self.transfer_queue.appendleft((r, src))   # pick another decode instance
@@ -229,6 +231,7 @@ class Recovery:
     lost += [(r, s) for r, s in self._retrying.values() if s is w]
     w.waiting.clear()
     w.running.clear()
+    w.reserved.clear()        # transfers still flying here are sent elsewhere when they land
     self.fault_counts["pages_lost_with_instances"] += w.tables.reset(now)
     for r, _ in lost:
       self._drop_everywhere(r)

@@ -4,14 +4,20 @@ prefix cache holds, move the rest, and hand the request to its running batch. A 
 
 A transfer is never waited for inside the loop: an injected delay lands later as an event,
 and a transfer function that returns a pending object (the real engine's
-`transfer_kv_async`) is polled each turn, so a slow link holds only its own request. The
-source pages stay allocated until the landing is seen; a failed attempt goes to the recovery
-policy (`Recovery._transfer_failed`).
+`transfer_kv_async`, the simulator's `sim_transfer`) is polled each turn, so a slow link holds
+only its own request. The source pages stay allocated until the landing is seen; the
+destination's pages and decode slot are reserved at dispatch (so a burst of transfers cannot
+overfill one decode batch) and released if the attempt fails; a failed attempt goes to the
+recovery policy (`Recovery._transfer_failed`). Only `DeviceError` counts as a failed attempt:
+any other exception from the transfer function is a bug and propagates, and a run in which
+every transfer failed with the same device error raises at the end instead of reporting a
+run of quiet recomputations.
 """
 
 from __future__ import annotations
 
 from pdjax.request import Request, Status
+from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.worker import Worker
 
 
@@ -35,6 +41,7 @@ class Transfers:
                                        self.clock.now(), owner=r.tenant)
       skip = hit // self.opts.page_size
       r.decode_cached_tokens = hit
+      dst.reserve(r)                   # the slot is dst's from dispatch until landing or failure
       r.transfer_start_s = self.clock.now()
       self._maybe_cancel(r, "transfer")
       fails, delay = self.injector.transfer_attempt(r, self._attempts.get(id(r), 0))
@@ -60,8 +67,8 @@ class Transfers:
       try:
         result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
                                   dst_pages[skip:len(src_pages)])
-      except Exception as e:
-        why = f"{type(e).__name__}: {e}"
+      except DeviceError as e:
+        why = self._device_failure(e)
     if result is not None and hasattr(result, "ready"):
       # Dispatched, not landed: the loop keeps stepping; _poll_transfers finishes it.
       self._in_transfer[id(r)] = (r, src, dst)
@@ -84,8 +91,8 @@ class Transfers:
         continue
       try:
         result, why = pending.result(), None
-      except Exception as e:
-        result, why = None, f"{type(e).__name__}: {e}"
+      except DeviceError as e:
+        result, why = None, self._device_failure(e)
       self._finish_transfer(r, src, dst, result, why)
     self._pending_transfers = still
 
@@ -97,6 +104,7 @@ class Transfers:
       self._transfer_failed(r, src, dst, f"{src.name}->{dst.name}: {why}")
       return
     self._transfer_succeeded(r)
+    self.transfers_landed += 1
     src.tables.free(r.id, self.clock.now())
     dst.tables.cache_computed(r.id, r.prompt_len, self.clock.now())
     self._touch(src)
@@ -105,4 +113,19 @@ class Transfers:
     r.transfer_bytes, r.transfer_s = result.bytes, result.seconds
     self.transfers.append({"bytes": result.bytes, "seconds": result.seconds, "ok": True})
     r.status, r.decode_instance, r.decode_start_s = Status.DECODING, dst.name, r.transfer_end_s
-    dst.running.append(r)
+    dst.join(r)
+
+  def _device_failure(self, e: DeviceError) -> str:
+    why = f"{type(e).__name__}: {e}"
+    self.transfer_errors[why] = self.transfer_errors.get(why, 0) + 1
+    return why
+
+  def _check_transfers_not_all_failed(self) -> None:
+    """A run whose every transfer attempt failed with one and the same device error is
+    misconfigured or broken, not unlucky: fail it loudly (its tokens may still be right,
+    recomputed, which is exactly what would hide it)."""
+    if self.transfers_landed or len(self.transfer_errors) != 1:
+      return
+    (why, n), = self.transfer_errors.items()
+    if n >= 2:
+      raise RuntimeError(f"every KV transfer of the run failed ({n} attempts), all with: {why}")

@@ -1,5 +1,12 @@
 """The driver's view of one instance: its queue, its running batch, its step in flight, and the
-load signals policies read. Pure Python."""
+load signals policies read. Pure Python.
+
+A decode slot is held from the moment it is promised, not from when the request starts
+decoding: `reserved` holds the requests admitted to prefill here that will decode here and the
+KV transfers dispatched here that have not landed. `num_running()` counts them, so routers,
+admission and step policies never promise a slot twice, and running + reserved never exceeds
+`max_batch` (the largest decode bucket; `Driver.check_invariants` checks it).
+"""
 
 from __future__ import annotations
 
@@ -52,6 +59,7 @@ class Worker:
     self.instance, self.role, self.max_batch = instance, role, max_batch
     self.waiting: deque[Request] = deque()    # need (re)prefill here, FCFS
     self.running: list[Request] = []          # decoding here
+    self.reserved: dict[int, Request] = {}    # id(req) -> promised a decode slot, not running yet
     self.inflight: Step | None = None
     self.draining_to: str | None = None       # a pending role switch: takes no new work
     self.dead = False                         # killed (fault injection): no work, no routing
@@ -80,7 +88,29 @@ class Worker:
     return len(self.waiting)
 
   def num_running(self) -> int:
-    return len(self.running)
+    """Decode slots taken: running sequences plus reservations (transfers in flight here,
+    admitted prefills that stay here)."""
+    return len(self.running) + len(self.reserved)
+
+  def reserve(self, req: Request) -> None:
+    self.reserved[id(req)] = req
+
+  def release(self, req: Request) -> None:
+    """Drops req's reservation, if it holds one."""
+    self.reserved.pop(id(req), None)
+
+  def join(self, req: Request) -> None:
+    """req starts decoding here: its reservation becomes a running slot."""
+    self.reserved.pop(id(req), None)
+    self.running.append(req)
+
+  def forget(self, req: Request) -> None:
+    """Removes req from this worker's queue, running batch and reservations."""
+    if req in self.waiting:
+      self.waiting.remove(req)
+    if req in self.running:
+      self.running.remove(req)
+    self.reserved.pop(id(req), None)
 
   def free_pages(self) -> int:
     return self.tables.num_free_pages
@@ -98,7 +128,8 @@ class Worker:
     return self.tables.pages_needed(num_tokens)
 
   def drained(self) -> bool:
-    return not self.waiting and not self.running and self.inflight is None
+    return (not self.waiting and not self.running and not self.reserved
+            and self.inflight is None)
 
   def measure(self, step: Step, end_s: float) -> None:
     seconds = max(end_s - step.start_s, 1e-9)

@@ -1,7 +1,12 @@
 """A simulated instance: the real instance's narrow interface (prefill, decode, tables), with step
 durations from a cost model on a virtual clock instead of device programs.
 
-Tokens are synthetic and deterministic (a function of the sequence position, never an EOS id),
+Tokens are synthetic and deterministic, and they come from the simulated KV: each page holds a
+digest (a rolling hash) of its sequence's tokens up to its last written slot, and the token
+sampled after position p is a function of the digest through p. So a simulated request's
+tokens depend on its own prompt and generated tokens and on reading the right pages: KV routed
+to the wrong request, a transfer that copies the wrong pages, or a source page reused before
+its transfer landed all change the tokens, as they would on the real engine. Never an EOS id,
 so a simulated request runs to its max_new_tokens: traces give output lengths, not text.
 """
 
@@ -9,6 +14,14 @@ from __future__ import annotations
 
 from pdjax.kv.pages import BlockTables
 from pdjax.kv.transfer_result import TransferResult
+
+
+_MASK = (1 << 61) - 1
+_EMPTY = 0x9E3779B97F4A7C15 & _MASK   # the digest of no tokens
+
+
+def _mix(digest: int, token: int) -> int:
+  return (digest * 1000003 + token + 1) & _MASK
 
 
 class SimPending:
@@ -41,23 +54,40 @@ class SimInstance:
     self.tp = cost.tp
     self.compiles = 0
     self._vocab, self._eos = vocab_size, set(eos_ids)
+    self.digests: dict[int, int] = {}   # page -> digest of its sequence through its last slot
 
-  def _token(self, length: int) -> int:
-    token = 3 + (length * 7919) % max(self._vocab - 3, 1)
+  def _token(self, digest: int) -> int:
+    span = max(self._vocab - 3, 1)
+    token = 3 + digest % span
     while self._eos and token in self._eos:
-      token = 3 + (token + 1) % max(self._vocab - 3, 1)
+      token = 3 + (token + 1) % span
     return token
+
+  def _write(self, ids, start: int, pages: list[int]) -> int:
+    """Writes tokens ids at positions start.. of the sequence in `pages`; returns the digest
+    through the last one. Reading a page no step ever wrote raises (a scheduling bug)."""
+    ps = self.tables.page_size
+    digest = _EMPTY if start == 0 else self.digests[pages[(start - 1) // ps]]
+    pos = start
+    for token in ids:
+      digest = _mix(digest, token)
+      if (pos + 1) % ps == 0:
+        self.digests[pages[pos // ps]] = digest
+      pos += 1
+    if pos % ps:
+      self.digests[pages[(pos - 1) // ps]] = digest
+    return digest
 
   def prefill(self, seqs) -> SimPending:
     """seqs: (token_ids, start, pages, temperature, seed) as on the real instance."""
     seconds = self.cost.prefill_s([(len(ids), start) for ids, start, *_ in seqs])
-    tokens = [self._token(start + len(ids)) for ids, start, *_ in seqs]
+    tokens = [self._token(self._write(ids, start, pages)) for ids, start, pages, *_ in seqs]
     return self._pending(seconds, tokens, "prefill")
 
   def decode(self, seqs) -> SimPending:
     """seqs: (last_token, position, pages, temperature, seed) as on the real instance."""
     seconds = self.cost.decode_s([pos + 1 for _, pos, *_ in seqs])
-    tokens = [self._token(pos + 1) for _, pos, *_ in seqs]
+    tokens = [self._token(self._write([tok], pos, pages)) for tok, pos, pages, *_ in seqs]
     return self._pending(seconds, tokens, "decode")
 
   def _pending(self, seconds: float, tokens: list[int], kind: str) -> SimPending:
@@ -71,17 +101,40 @@ class SimInstance:
     return num_pages * self.tables.page_size * self.cost.kv_bytes_per_token()
 
 
+class SimTransfer:
+  """A KV transfer in flight on the virtual clock, like the real engine's PendingTransfer: it
+  lands at `end_s` (the driver wakes then and polls it); the pages' contents (digests) are
+  copied when the landing is observed, so the source pages must still hold them then."""
+
+  def __init__(self, src: SimInstance, src_pages: list[int], dst: SimInstance,
+               dst_pages: list[int], num_bytes: float, seconds: float):
+    self.src, self.dst, self.src_pages, self.dst_pages = src, dst, src_pages, dst_pages
+    self.bytes, self.seconds = int(num_bytes), seconds
+    self.end_s = src.clock.now() + seconds
+
+  def ready(self) -> bool:
+    return self.src.clock.now() >= self.end_s
+
+  def result(self) -> TransferResult:
+    self.src.clock.advance_to(self.end_s)
+    for s, d in zip(self.src_pages, self.dst_pages):
+      self.dst.digests[d] = self.src.digests[s]
+    return TransferResult(bytes=self.bytes, seconds=self.seconds)
+
+
 def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
-                 dst_pages: list[int]):
-  """The KV transfer's cost on the virtual clock (blocking, like the real engine's). A
+                 dst_pages: list[int]) -> SimTransfer:
+  """Dispatches the KV transfer on the virtual clock and returns at once, as the real engine's
+  `transfer_kv_async` does: the loop keeps stepping every instance while it flies. A
   calibrated cost models pdjax's engine as measured: pages padded to the transfer bucket, and
   the copy queued behind the destination's step in flight (same device stream)."""
+  if len(src_pages) != len(dst_pages):
+    raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
   num_bytes = src.kv_bytes(src.cost.moved_pages(len(src_pages)))
   seconds = src.cost.transfer_s(num_bytes)
   if src.cost.transfer_waits_for_destination and dst.last_step is not None:
     seconds += max(dst.last_step.end_s - src.clock.now(), 0.0)
-  src.clock.advance(seconds)
-  return TransferResult(bytes=int(num_bytes), seconds=seconds)
+  return SimTransfer(src, list(src_pages), dst, list(dst_pages), num_bytes, seconds)
 
 
 def build_sim_instances(tiers: list[tuple[str, int, int]], mcfg, opts, *, hardware: str,

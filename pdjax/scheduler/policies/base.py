@@ -61,7 +61,9 @@ class StepPolicy:
   """What an idle worker runs next, given its waiting queue and running batch."""
 
   def plan(self, worker, admit) -> StepPlan:
-    """`admit(req)` allocates a waiting request's prompt pages; False means no room."""
+    """`admit(req)` allocates a waiting request's prompt pages and, when it will decode on
+    this worker, reserves its decode slot (counted by `num_running()`); False means no room.
+    A request is admitted once (`req.id in worker.tables` afterwards)."""
     raise NotImplementedError
 
 

@@ -9,24 +9,20 @@ class ChunkedPrefill(StepPolicy):
 
   def __init__(self, chunk_budget: int = 128, max_prefill_seqs: int = 17, **_):
     self.budget, self.max_seqs = chunk_budget, max_prefill_seqs
-    self.max_prompt_tokens = None   # prompts of any length arrive in chunks
 
   def plan(self, worker, admit) -> StepPlan:
     decodes = list(worker.running)[:min(self.budget, self.max_seqs - 1)]
-    left, chunks, staying = self.budget - len(decodes), [], 0
+    left, chunks = self.budget - len(decodes), []
     for req in worker.waiting:
       if left <= 0 or len(chunks) + len(decodes) >= self.max_seqs:
         break
-      stays = worker.keeps(req)
-      if req.num_computed_tokens == 0:   # a new prompt needs its pages and a batch slot
-        if ((stays and worker.num_running() + staying >= worker.max_batch)
-            or not admit(req)):
+      if req.id not in worker.tables:   # a new prompt needs its pages and a decode slot
+        if (worker.keeps(req) and worker.num_running() >= worker.max_batch) or not admit(req):
           break
       start = req.num_computed_tokens
       end = min(req.prefill_len, start + left)
       chunks.append((req, start, end))
       left -= end - start
-      staying += stays
       if end < req.prefill_len:   # a partial chunk ends the step
         break
     return StepPlan(chunks=chunks, decodes=decodes)
