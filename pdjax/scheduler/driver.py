@@ -30,19 +30,19 @@ from collections import deque
 
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
-from pdjax.kv.pages import OutOfPages
-from pdjax.kv.prefix_cache import flush_tenant, salt_for
+from pdjax.kv.prefix_cache import flush_tenant
 from pdjax.request import Request, Status
-from pdjax.scheduler import batching
 from pdjax.scheduler import policies as policy_lib
-from pdjax.scheduler.policies.base import PathChoice, StepPlan
-from pdjax.scheduler.errors import DeviceError
+from pdjax.scheduler.admission import Admission
+from pdjax.scheduler.collect import Collect
+from pdjax.scheduler.invariants import Invariants
+from pdjax.scheduler.policies.base import StepPlan
 from pdjax.scheduler.recovery import Recovery
+from pdjax.scheduler.steps import Steps
 from pdjax.scheduler.transfers import Transfers
-from pdjax.scheduler.worker import SlowPending, Step, Worker
+from pdjax.scheduler.worker import Worker
 
 POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
-COLOCATED = PathChoice("colocated", "colocated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +93,7 @@ def default_policies(options: DriverOptions) -> policy_lib.Policies:
                                       max_prefill_seqs=options.max_prefill_seqs))
 
 
-class Driver(Transfers, Recovery):
+class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
 
   def __init__(self, mode: str, workers: list[Worker], *, options: DriverOptions, clock,
                transfer_fn=None, policies: policy_lib.Policies | None = None,
@@ -223,225 +223,9 @@ class Driver(Transfers, Recovery):
         return ready
       time.sleep(POLL_S)
 
-  def _admit(self, arrivals: deque[Request]) -> None:
-    now = self.clock.now()
-    o, p = self.opts, self.policies
-    while arrivals and arrivals[0].arrival_s <= now:
-      req = arrivals.popleft()
-      reason = batching.rejection_reason(
-          req, max_model_len=o.max_model_len, pool_pages=o.pool_pages, page_size=o.page_size,
-          vocab_size=o.vocab_size)
-      if not reason:
-        choice = (COLOCATED if self.mode == "colocated" else
-                  p.path.choose(req, self.tier("prefill"), self.tier("decode")))
-        router = p.decode_router if choice.tier == "decode" else p.prefill_router
-        worker = router.choose(req, self.tier(choice.tier))
-        reason = ("no instance in the " + choice.tier + " tier" if worker is None else
-                  p.admission.check(req, worker, choice, self.tier("decode"))
-                  or self._quota_reason(req, choice))
-      if reason:
-        self._finish(req, Status.REJECTED, now, reason)
-        continue
-      req.path, req.prefill_instance = choice.path, worker.name
-      worker.waiting.append(req)
-      self._touch(worker)
-      self._plan_cancel(req)
-
-  def _salt(self, r: Request) -> str:
-    return salt_for(r.tenant, self.opts.shared_salt)
-
-  def _quota_reason(self, req: Request, choice: PathChoice) -> str | None:
-    """Per-tenant KV quota on each tier the request will use: the pages its admitted requests
-    there may grow to (max_len each) plus this one's must stay within tenant_quota_pages."""
-    quota = self.opts.tenant_quota_pages
-    if not quota:
-      return None
-    tiers = [choice.tier] + (["decode"] if choice.path == "disaggregated" else [])
-    need = -(-req.max_len // self.opts.page_size)
-    for tier in tiers:
-      mine = [r for w in self.tier(tier) for r in list(w.waiting) + w.running
-              if r.tenant == req.tenant]
-      if tier == "decode":
-        mine += [r for r, _ in self.transfer_queue if r.tenant == req.tenant]
-      held = sum(-(-r.max_len // self.opts.page_size) for r in mine)
-      if held + need > quota:
-        return (f"tenant {req.tenant!r} over its KV quota on the {tier} tier: {held} + {need} "
-                f"pages > {quota}")
-    return None
-
-  # ---- steps -------------------------------------------------------------------------------
-
-  def _dispatch(self, w: Worker) -> None:
-    plan = self.policies.step.plan(w, admit=lambda r: self._allocate_prefill(w, r))
-    if plan.decodes:
-      self._ensure_decode_slots(w, plan)
-    if plan.empty:
-      return
-    self._check_step_size(w, plan)
-    now = self.clock.now()
-    for req, _, _ in plan.chunks:
-      if req.prefill_start_s is None:
-        req.prefill_start_s = now
-      if not req.output_ids:
-        req.status = Status.PREFILLING
-      self._maybe_cancel(req, "prefill")
-    table = w.tables.block_table
-    decode_rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
-                    r.sampling.temperature, r.sampling_seed) for r in plan.decodes]
-    if plan.chunks:
-      kind = "mixed" if plan.decodes else "prefill"
-      seqs = [(req.prefill_tokens[start:end], start, table(req.id), req.sampling.temperature,
-               req.sampling_seed) for req, start, end in plan.chunks]
-      seqs += [([tok], pos, pages, t, seed) for tok, pos, pages, t, seed in decode_rows]
-      call = lambda: w.instance.prefill(seqs)
-    else:
-      kind, call = "decode", lambda: w.instance.decode(decode_rows)
-    self.samples.append({"t": now, "instance": w.name, "role": w.role,
-                         "queued": w.num_waiting(), "running": len(w.running),
-                         "kv_pages_used": w.tables.num_used_pages,
-                         "kv_pages_total": w.total_pages(),
-                         "kv_pages_cached": w.tables.num_cached_idle_pages,
-                         "kv_slots_unused": w.tables.num_unused_slots})
-    try:
-      pending, slow = call(), self.injector.slow_factor(w.name, now)
-      if slow > 1:
-        self.injector.injected["slow_step"] += 1
-        pending = SlowPending(pending, now, slow, self.clock)
-      w.inflight = Step(plan, pending, now, kind)
-    except DeviceError as e:  # a device failure fails the step's requests, never the run
-      self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
-
-  def _check_step_size(self, w: Worker, plan: StepPlan) -> None:
-    """No instance ever plans a step larger than its largest compiled bucket: such a step
-    could only fail, taking its whole batch with it (a scheduling bug, so it raises)."""
-    o = self.opts
-    if plan.chunks:
-      rows = len(plan.chunks) + len(plan.decodes)
-      if plan.num_tokens > o.token_budget or rows > o.max_prefill_seqs:
-        raise AssertionError(f"{w.name} planned a prefill step of {plan.num_tokens} tokens in "
-                             f"{rows} sequences; its largest bucket is {o.token_budget} tokens "
-                             f"in {o.max_prefill_seqs}")
-    elif len(plan.decodes) > w.max_batch:
-      raise AssertionError(f"{w.name} planned a decode step of {len(plan.decodes)} rows; its "
-                           f"largest bucket is {w.max_batch}")
-
-  def _allocate_prefill(self, w: Worker, r: Request) -> bool:
-    """Gives a waiting request its pages; with a prefix cache, its longest cached prefix is
-    reused and counts as computed (the prefill starts after it)."""
-    if r.id in w.tables:
-      return True
-    cached = w.tables.allocate_prefix(r.id, r.prefill_tokens, r.prefill_len, self._salt(r),
-                                      self.clock.now(), owner=r.tenant)
-    if cached is None:
-      return False
-    if w.keeps(r):
-      w.reserve(r)                     # its decode slot here is promised from now on
-    r.num_computed_tokens = cached
-    if not r.output_ids:               # prompt tokens served from the cache (first prefill)
-      r.cached_tokens = cached
-    return True
-
-  def _ensure_decode_slots(self, w: Worker, plan: StepPlan) -> None:
-    """Grows each decoding sequence's block table by the slot its next token needs; when the
-    pool is full, preempts the newest running sequence (recompute later) until it fits."""
-    preempted: set[int] = set()
-    for r in list(plan.decodes):
-      if id(r) in preempted:
-        continue
-      while True:
-        try:
-          w.tables.extend(r.id, r.prompt_len + len(r.output_ids))
-          break
-        except OutOfPages:
-          victim = next((v for v in reversed(w.running) if v is not r), r)
-          self._preempt(w, victim, plan)
-          preempted.add(id(victim))
-          if victim is r:
-            break
-
-  def _preempt(self, w: Worker, victim: Request, plan: StepPlan) -> None:
-    w.tables.free(victim.id, self.clock.now())
-    w.running.remove(victim)
-    if victim in plan.decodes:
-      plan.decodes.remove(victim)
-    victim.num_computed_tokens = 0
-    victim.preemptions += 1
-    victim.status = Status.WAITING
-    w.waiting.appendleft(victim)
-    self.preemptions += 1
-
-  def _collect(self, w: Worker) -> None:
-    step, w.inflight = w.inflight, None
-    self._touch(w)
-    plan = step.plan
-    try:
-      tokens = step.pending.result()
-    except DeviceError as e:
-      self._fail_plan(w, plan, f"{step.kind} step failed on {w.name}: {type(e).__name__}: {e}")
-      return
-    now = self.clock.now()
-    w.measure(step, now)
-    self.steps.append({"instance": w.name, "role": w.role, "kind": step.kind,
-                       "start_s": step.start_s, "end_s": now,
-                       "num_seqs": len(plan.chunks) + len(plan.decodes),
-                       "num_tokens": plan.num_tokens})
-    for (req, _, end), token in zip(plan.chunks, tokens):
-      if id(req) in self._cancels:
-        continue                       # cancelled while in flight: dropped next turn
-      req.num_computed_tokens = end
-      w.tables.cache_computed(req.id, end, now)
-      if end < req.prefill_len:
-        continue                       # a partial chunk: its sampled token means nothing
-      w.waiting.remove(req)
-      if self._non_finite(w, req, token, now):
-        continue
-      if req.output_ids:               # a recomputed sequence (preempted, or moved) resumes
-        req.status, req.decode_instance = Status.DECODING, w.name
-        if req.decode_start_s is None:
-          req.decode_start_s = now
-        w.join(req)
-        continue
-      stays = w.keeps(req)
-      req.prefill_end_s = now
-      if self._emit(w, req, token, now):
-        continue
-      if stays:
-        req.status, req.decode_instance, req.decode_start_s = Status.DECODING, w.name, now
-        w.join(req)
-      else:
-        req.status = Status.TRANSFERRING
-        self.transfer_queue.append((req, w))
-        self._held_since[id(req)] = now
-        self._maybe_cancel(req, "transfer_wait")
-    for req, token in zip(plan.decodes, tokens[len(plan.chunks):]):
-      if id(req) in self._cancels:
-        continue
-      if not self._non_finite(w, req, token, now) and not self._emit(w, req, token, now):
-        self._maybe_cancel(req, "decode", len(req.output_ids))
-
-  def _non_finite(self, w: Worker, req: Request, token: int, now: float) -> bool:
-    """A negative token is the engine's mark for non-finite logits: the request fails."""
-    if token >= 0:
-      return False
-    w.forget(req)
-    w.tables.free(req.id, now)
-    self._finish(req, Status.FAILED, now,
-                 "the model produced non-finite logits (NaN/inf); no token was sampled")
-    return True
-
-  def _emit(self, w: Worker, req: Request, token: int, now: float) -> bool:
-    """Appends a generated token; finishes the request (freeing its pages) when it is done."""
-    if not req.add_token(token, now):
-      return False
-    w.forget(req)
-    if w.tables.cache is not None:
-      # The KV now holds the prompt and every generated token but the last: name its full
-      # pages so a follow-up turn that repeats this conversation can hit them.
-      w.tables.cache_computed(req.id, req.prompt_len + len(req.output_ids) - 1, now,
-                              token_ids=list(req.prompt_ids) + req.output_ids[:-1])
-    w.tables.free(req.id, now)
-    self._finish(req, Status.FINISHED, now)
-    return True
+  # Admission (pdjax/scheduler/admission.py), step dispatch (steps.py), step collection
+  # (collect.py), KV transfers (transfers.py), recovery (recovery.py) and the invariant checks
+  # (invariants.py) are mixins of this class, one concept per file.
 
   # ---- role switching (disaggregated) ------------------------------------------------------
 
@@ -491,36 +275,3 @@ class Driver(Transfers, Recovery):
     for r in requests:
       if not r.status.terminal:
         self._finish(r, Status.FAILED, now, "scheduler stalled: no step in flight and none possible")
-
-  def check_invariants(self) -> None:
-    """Raises AssertionError on the first broken invariant: every queued request is live and
-    in exactly one place (a queue, a transfer, a retry), and each pool's bookkeeping holds
-    (see BlockTables.check_invariants). Costs O(queued requests + pages), not O(run)."""
-    places: dict[int, list] = {}
-    in_transfer = [(r, s) for r, s, _ in self._in_transfer.values()]
-    queued = [r for w in self.workers for r in list(w.waiting) + w.running]
-    queued += [r for r, _ in list(self.transfer_queue) + list(self._retrying.values())
-               + in_transfer]
-    for r in queued:
-      places.setdefault(id(r), [r, 0])[1] += 1
-    for r, n in places.values():
-      if r.status.terminal:
-        raise AssertionError(f"request {r.id} is {r.status.value} but still queued ({n} places)")
-      if n > 1:
-        raise AssertionError(f"request {r.id} is in {n} places at once")
-    for w in self.workers:
-      w.tables.check_invariants()
-      self._check_slots(w)
-
-  def _check_slots(self, w: Worker) -> None:
-    """Decode slots: running + reserved within the largest decode bucket, and every
-    reservation held by a live request admitted here or a transfer in flight here."""
-    if len(w.running) + len(w.reserved) > w.max_batch:
-      raise AssertionError(f"{w.name}: {len(w.running)} running + {len(w.reserved)} reserved "
-                           f"decode slots exceed its largest bucket {w.max_batch}")
-    for r in w.reserved.values():
-      moving = self._in_transfer.get(id(r))
-      if r.status.terminal or not ((r in w.waiting and r.id in w.tables)
-                                   or (moving is not None and moving[2] is w)):
-        raise AssertionError(f"{w.name}: request {r.id} ({r.status.value}) holds a decode slot "
-                             f"reservation it has no claim to")

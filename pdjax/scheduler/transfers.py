@@ -34,7 +34,6 @@ class Transfers:
         return   # decode tier full: the request waits (holding its prefill pages)
       self.transfer_queue.popleft()
       self._held_since.pop(id(r), None)
-      src_pages = src.tables.block_table(r.id)
       # With a prefix cache on the decode instance (multi-turn sessions), the pages it already
       # holds are reused and only the rest move.
       hit = dst.tables.allocate_prefix(r.id, r.prefill_tokens, need, self._salt(r),

@@ -1,0 +1,64 @@
+"""Arrivals into the driver: static checks (what can never be served), the path policy, the
+router, then admission control and the per-tenant KV quota; accepted requests join their
+worker's waiting queue, rejected ones end with a one-line reason. A mixin of `Driver`; pure
+Python."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from pdjax.kv.prefix_cache import salt_for
+from pdjax.request import Request, Status
+from pdjax.scheduler import batching
+from pdjax.scheduler.policies.base import PathChoice
+
+COLOCATED = PathChoice("colocated", "colocated")
+
+
+class Admission:
+
+  def _admit(self, arrivals: deque[Request]) -> None:
+    now = self.clock.now()
+    o, p = self.opts, self.policies
+    while arrivals and arrivals[0].arrival_s <= now:
+      req = arrivals.popleft()
+      reason = batching.rejection_reason(
+          req, max_model_len=o.max_model_len, pool_pages=o.pool_pages, page_size=o.page_size,
+          vocab_size=o.vocab_size)
+      if not reason:
+        choice = (COLOCATED if self.mode == "colocated" else
+                  p.path.choose(req, self.tier("prefill"), self.tier("decode")))
+        router = p.decode_router if choice.tier == "decode" else p.prefill_router
+        worker = router.choose(req, self.tier(choice.tier))
+        reason = ("no instance in the " + choice.tier + " tier" if worker is None else
+                  p.admission.check(req, worker, choice, self.tier("decode"))
+                  or self._quota_reason(req, choice))
+      if reason:
+        self._finish(req, Status.REJECTED, now, reason)
+        continue
+      req.path, req.prefill_instance = choice.path, worker.name
+      worker.waiting.append(req)
+      self._touch(worker)
+      self._plan_cancel(req)
+
+  def _salt(self, r: Request) -> str:
+    return salt_for(r.tenant, self.opts.shared_salt)
+
+  def _quota_reason(self, req: Request, choice: PathChoice) -> str | None:
+    """Per-tenant KV quota on each tier the request will use: the pages its admitted requests
+    there may grow to (max_len each) plus this one's must stay within tenant_quota_pages."""
+    quota = self.opts.tenant_quota_pages
+    if not quota:
+      return None
+    tiers = [choice.tier] + (["decode"] if choice.path == "disaggregated" else [])
+    need = -(-req.max_len // self.opts.page_size)
+    for tier in tiers:
+      mine = [r for w in self.tier(tier) for r in list(w.waiting) + w.running
+              if r.tenant == req.tenant]
+      if tier == "decode":
+        mine += [r for r, _ in self.transfer_queue if r.tenant == req.tenant]
+      held = sum(-(-r.max_len // self.opts.page_size) for r in mine)
+      if held + need > quota:
+        return (f"tenant {req.tenant!r} over its KV quota on the {tier} tier: {held} + {need} "
+                f"pages > {quota}")
+    return None

@@ -1,0 +1,115 @@
+"""Dispatching a step on an idle worker: the step policy plans it, admitted prefills get their
+pages (and, when they stay, their decode slot), decoding sequences grow by one slot each —
+preempting the newest running sequence when the pool is full — and the step is launched
+without waiting. No step larger than the worker's largest compiled bucket is ever launched.
+A mixin of `Driver`; pure Python."""
+
+from __future__ import annotations
+
+from pdjax.kv.pages import OutOfPages
+from pdjax.request import Request, Status
+from pdjax.scheduler.errors import DeviceError
+from pdjax.scheduler.policies.base import StepPlan
+from pdjax.scheduler.worker import SlowPending, Step, Worker
+
+
+class Steps:
+
+  def _dispatch(self, w: Worker) -> None:
+    plan = self.policies.step.plan(w, admit=lambda r: self._allocate_prefill(w, r))
+    if plan.decodes:
+      self._ensure_decode_slots(w, plan)
+    if plan.empty:
+      return
+    self._check_step_size(w, plan)
+    now = self.clock.now()
+    for req, _, _ in plan.chunks:
+      if req.prefill_start_s is None:
+        req.prefill_start_s = now
+      if not req.output_ids:
+        req.status = Status.PREFILLING
+      self._maybe_cancel(req, "prefill")
+    table = w.tables.block_table
+    decode_rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
+                    r.sampling.temperature, r.sampling_seed) for r in plan.decodes]
+    if plan.chunks:
+      kind = "mixed" if plan.decodes else "prefill"
+      seqs = [(req.prefill_tokens[start:end], start, table(req.id), req.sampling.temperature,
+               req.sampling_seed) for req, start, end in plan.chunks]
+      seqs += [([tok], pos, pages, t, seed) for tok, pos, pages, t, seed in decode_rows]
+      call = lambda: w.instance.prefill(seqs)
+    else:
+      kind, call = "decode", lambda: w.instance.decode(decode_rows)
+    self.samples.append({"t": now, "instance": w.name, "role": w.role,
+                         "queued": w.num_waiting(), "running": len(w.running),
+                         "kv_pages_used": w.tables.num_used_pages,
+                         "kv_pages_total": w.total_pages(),
+                         "kv_pages_cached": w.tables.num_cached_idle_pages,
+                         "kv_slots_unused": w.tables.num_unused_slots})
+    try:
+      pending, slow = call(), self.injector.slow_factor(w.name, now)
+      if slow > 1:
+        self.injector.injected["slow_step"] += 1
+        pending = SlowPending(pending, now, slow, self.clock)
+      w.inflight = Step(plan, pending, now, kind)
+    except DeviceError as e:  # a device failure fails the step's requests, never the run
+      self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
+
+  def _check_step_size(self, w: Worker, plan: StepPlan) -> None:
+    """No instance ever plans a step larger than its largest compiled bucket: such a step
+    could only fail, taking its whole batch with it (a scheduling bug, so it raises)."""
+    o = self.opts
+    if plan.chunks:
+      rows = len(plan.chunks) + len(plan.decodes)
+      if plan.num_tokens > o.token_budget or rows > o.max_prefill_seqs:
+        raise AssertionError(f"{w.name} planned a prefill step of {plan.num_tokens} tokens in "
+                             f"{rows} sequences; its largest bucket is {o.token_budget} tokens "
+                             f"in {o.max_prefill_seqs}")
+    elif len(plan.decodes) > w.max_batch:
+      raise AssertionError(f"{w.name} planned a decode step of {len(plan.decodes)} rows; its "
+                           f"largest bucket is {w.max_batch}")
+
+  def _allocate_prefill(self, w: Worker, r: Request) -> bool:
+    """Gives a waiting request its pages; with a prefix cache, its longest cached prefix is
+    reused and counts as computed (the prefill starts after it)."""
+    if r.id in w.tables:
+      return True
+    cached = w.tables.allocate_prefix(r.id, r.prefill_tokens, r.prefill_len, self._salt(r),
+                                      self.clock.now(), owner=r.tenant)
+    if cached is None:
+      return False
+    if w.keeps(r):
+      w.reserve(r)                     # its decode slot here is promised from now on
+    r.num_computed_tokens = cached
+    if not r.output_ids:               # prompt tokens served from the cache (first prefill)
+      r.cached_tokens = cached
+    return True
+
+  def _ensure_decode_slots(self, w: Worker, plan: StepPlan) -> None:
+    """Grows each decoding sequence's block table by the slot its next token needs; when the
+    pool is full, preempts the newest running sequence (recompute later) until it fits."""
+    preempted: set[int] = set()
+    for r in list(plan.decodes):
+      if id(r) in preempted:
+        continue
+      while True:
+        try:
+          w.tables.extend(r.id, r.prompt_len + len(r.output_ids))
+          break
+        except OutOfPages:
+          victim = next((v for v in reversed(w.running) if v is not r), r)
+          self._preempt(w, victim, plan)
+          preempted.add(id(victim))
+          if victim is r:
+            break
+
+  def _preempt(self, w: Worker, victim: Request, plan: StepPlan) -> None:
+    w.tables.free(victim.id, self.clock.now())
+    w.running.remove(victim)
+    if victim in plan.decodes:
+      plan.decodes.remove(victim)
+    victim.num_computed_tokens = 0
+    victim.preemptions += 1
+    victim.status = Status.WAITING
+    w.waiting.appendleft(victim)
+    self.preemptions += 1
