@@ -42,7 +42,8 @@ def _check_burst(result, instances):
 def test_burst_of_async_transfers_fills_both_decode_instances_within_the_bucket(tiny_model):
   from pdjax.engine.cluster import build_instances
   cfg, params = tiny_model
-  opts = tiny_engine_options(decode_buckets=(1, 2, 4), num_pages=64)
+  # one prefill step finishes 8 prompts at once: 8 transfers are dispatched in one pass
+  opts = tiny_engine_options(decode_buckets=(1, 2, 4), num_pages=64, max_prefill_seqs=8)
   instances = build_instances([("prefill", 2, 1), ("decode", 2, 1)], cfg, params, opts)
   result = serving.serve("disaggregated", instances, _burst(), debug=True)
   _check_burst(result, instances)
@@ -61,7 +62,7 @@ def _sim(tiers, opts, requests, faults=FaultSpec(), mode="disaggregated", **kw):
 
 
 def test_burst_with_delayed_transfers_on_the_simulator():
-  opts = tiny_engine_options(decode_buckets=(1, 2, 4), num_pages=64)
+  opts = tiny_engine_options(decode_buckets=(1, 2, 4), num_pages=64, max_prefill_seqs=8)
   result, insts = _sim([("prefill", 2, 1), ("decode", 2, 1)], opts, _burst(),
                        FaultSpec(transfer_delay=("const", 0.05)), debug=True)
   _check_burst(result, insts)

@@ -15,7 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from pdjax.engine import attention as attn_lib
+from kernels_pallas import xla_attention
+from kernels_pallas.attention_ops import AttentionOps
 from pdjax.models.llama_config import LlamaConfig
 
 MODES = ("prefill", "decode", "dense")
@@ -49,7 +50,7 @@ class DecoderLayer(nn.Module):
   cfg: LlamaConfig
   mode: str
   dtype: jnp.dtype = jnp.float32
-  attention: attn_lib.AttentionOps = attn_lib.AttentionOps()
+  attention: AttentionOps = AttentionOps()
 
   @nn.compact
   def __call__(self, x, layer_kv, meta):
@@ -65,9 +66,9 @@ class DecoderLayer(nn.Module):
     k = apply_rope(k, meta["positions"], cfg.rope_theta)
 
     if self.mode == "dense":
-      out = attn_lib.dense_causal_attention(q, k, v)
+      out = xla_attention.dense_causal_attention(q, k, v)
     else:
-      k_pages, v_pages = attn_lib.write_kv(*layer_kv, k, v, meta["slot_mapping"])
+      k_pages, v_pages = xla_attention.write_kv(*layer_kv, k, v, meta["slot_mapping"])
       layer_kv = (k_pages, v_pages)
       if self.mode == "decode":
         out = self.attention.decode(q, k_pages, v_pages, meta["lengths"], meta["page_indices"])
@@ -89,7 +90,7 @@ class Llama(nn.Module):
   cfg: LlamaConfig
   mode: str = "prefill"
   dtype: jnp.dtype = jnp.float32
-  attention: attn_lib.AttentionOps = attn_lib.AttentionOps()   # which paged attention runs
+  attention: AttentionOps = AttentionOps()   # which paged attention runs
 
   @nn.compact
   def __call__(self, tokens, kv, meta, logits_indices):
