@@ -178,3 +178,57 @@ def test_a_transfer_in_flight_does_not_hold_the_loop():
   assert b.decode_start_s < a.decode_start_s       # b decoded while a's pages moved
   assert len([t for t in b.token_times if t < a.transfer_end_s]) >= 3
   assert p.tables.num_used_pages == 0 and d.tables.num_used_pages == 0
+
+
+def test_source_pages_are_freed_only_after_the_landing_is_observed():
+  """Each transfer lands only on its 4th poll. The log orders the transfer's dispatch, the
+  first poll that sees it landed, its result() and every free on the prefill instance: each
+  request's source pages are freed once, after its landing was seen and its result read, and
+  at every poll before that the prefill instance still held exactly the pages being moved."""
+  clock = ManualClock()
+  p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
+  R = dataclasses.make_dataclass("R", ["bytes", "seconds"])
+  log, in_flight = [], []
+  free = p.tables.free
+
+  def logged_free(seq_id, now=0.0):
+    log.append(("free", seq_id))
+    free(seq_id, now)
+
+  p.tables.free = logged_free
+  reqs = [_req(0, 4, 3), _req(1, 5, 3)]
+
+  class Landing:
+    def __init__(self, rid, pages):
+      self.rid, self.pages, self.polls, self.landed = rid, pages, 0, False
+
+    def ready(self):
+      self.polls += 1
+      if self.polls <= 3:
+        in_flight.append((self.rid, self.rid in p.tables and
+                          p.tables.block_table(self.rid) == self.pages))
+        return False
+      if not self.landed:
+        self.landed = True
+        log.append(("landed", self.rid))
+      return True
+
+    def result(self):
+      log.append(("result", self.rid))
+      return R(bytes=1, seconds=0.0)
+
+  def transfer(src, src_pages, dst, dst_pages):
+    rid = next(r.id for r in reqs if r.id in p.tables and p.tables.block_table(r.id) == src_pages)
+    log.append(("dispatch", rid))
+    return Landing(rid, list(src_pages))
+
+  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+                  clock=clock, transfer_fn=transfer)
+  a, b = driver.run(reqs).requests
+  assert (a.status, a.output_ids) == (Status.FINISHED, [104, 105, 106])
+  assert (b.status, b.output_ids) == (Status.FINISHED, [105, 106, 107])
+  for rid in ("r0", "r1"):
+    events = [e for e, i in log if i == rid]
+    assert events == ["dispatch", "landed", "result", "free"], rid
+    assert [held for i, held in in_flight if i == rid] == [True] * 3, rid
+  assert p.tables.num_used_pages == 0 and d.tables.num_used_pages == 0
