@@ -3,13 +3,16 @@
   python -m pdjax.generate --checkpoint=DIR --prompts=IN.jsonl --max_new_tokens=N \
       --output=OUT.jsonl [--mode=colocated|disaggregated] [--temperature=T] [--ignore_eos]
 
-IN lines are {"id": "...", "prompt_ids": [...]}; OUT lines {"id": "...", "output_ids": [...]}
-in input order. Greedy when temperature is 0. All prompts arrive at t=0 and are served with
+IN lines are {"id": "...", "prompt_ids": [...]} with an optional integer "seed" (the request's
+sampling seed; default: derived from its id); OUT lines {"id": "...", "output_ids": [...]}
+in input order. Greedy when temperature is 0; sampled tokens depend only on --seed, the
+request's seed and the position, not on batching. All prompts arrive at t=0 and are served with
 the same driver, programs and KV transfer as `pdjax.run`. Prints generated tokens per second.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -37,7 +40,8 @@ _ATTENTION = flags.DEFINE_enum("attention_impl", "auto", ["auto", "pallas", "xla
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
 
-def read_prompts(path: str, vocab_size: int) -> list[tuple[str, list[int]]]:
+def read_prompts(path: str, vocab_size: int) -> list[tuple[str, list[int], int | None]]:
+  """(id, prompt_ids, seed or None) per non-empty line."""
   prompts = []
   with open(path) as f:
     for lineno, line in enumerate(f, 1):
@@ -49,7 +53,10 @@ def read_prompts(path: str, vocab_size: int) -> list[tuple[str, list[int]]]:
         if not (isinstance(ids, list) and ids and
                 all(isinstance(t, int) and 0 <= t < vocab_size for t in ids)):
           raise ValueError(f"prompt_ids must be a non-empty list of ints in [0, {vocab_size})")
-        prompts.append((str(row["id"]), ids))
+        seed = row.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+          raise ValueError(f"seed must be an integer, got {seed!r}")
+        prompts.append((str(row["id"]), ids, seed))
       except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}:{lineno}: {type(e).__name__}: {e}") from None
   return prompts
@@ -82,7 +89,7 @@ def main(argv) -> None:
   from pdjax.request import Request, SamplingParams
 
   enable_compile_cache(_CACHE.value)
-  max_prompt = max((len(p) for _, p in prompts), default=1)
+  max_prompt = max((len(p) for _, p, _ in prompts), default=1)
   page = _PAGE_SIZE.value
   max_model_len = -(-(max_prompt + _MAX_NEW.value) // page) * page
   batch = min(_MAX_BATCH.value, max(len(prompts), 1))
@@ -97,8 +104,9 @@ def main(argv) -> None:
   instances = build_instances(tiers, mcfg, params, opts)
   sampling = SamplingParams(temperature=_TEMPERATURE.value, max_new_tokens=_MAX_NEW.value,
                             ignore_eos=_IGNORE_EOS.value)
-  requests = [Request(id=i, arrival_s=0.0, prompt_ids=ids, sampling=sampling,
-                      eos_ids=mcfg.eos_token_ids) for i, ids in prompts]
+  requests = [Request(id=i, arrival_s=0.0, prompt_ids=ids,
+                      sampling=dataclasses.replace(sampling, seed=seed),
+                      eos_ids=mcfg.eos_token_ids) for i, ids, seed in prompts]
   result = serving.serve(_MODE.value, instances, requests)
   with open(_OUTPUT.value, "w") as f:
     for r in result.requests:

@@ -22,8 +22,9 @@ from pdjax import config as config_lib
 from pdjax.engine import options as options_lib
 from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, use_cpu_devices
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "configs", "default.py")
+# Shipped inside the package (pdjax/configs/), so an installed pdjax finds it from any cwd.
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                               "default.py")
 try:  # config_flags loads the file and applies --config.* overrides right here, at import
   CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
                                             "Experiment config file.", lock_config=True)
@@ -55,9 +56,11 @@ def policies_for(cfg, run: str, opts):
   return policy_lib.build(names, params, seed=cfg.seed)
 
 
-def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = False):
+def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = False,
+            on_loaded=None):
   """Builds the run's instances (real or simulated), serves the workload; returns (summary,
-  RunResult, instances). Writes nothing."""
+  RunResult, instances). Writes nothing. on_loaded(n) is called with the number of requests
+  the workload loaded, before serving (a trace may hold fewer than workload.num_requests)."""
   from pdjax import serving
   from pdjax.metrics.faults import fault_summary
   from pdjax.metrics.kv_cache import kv_cache_summary
@@ -95,6 +98,8 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                                      temperature=cfg.sampling.temperature)
   for line in problems if not quiet else ():
     print(f"workload: {line}", file=sys.stderr)
+  if on_loaded is not None:
+    on_loaded(len(requests))
   from pdjax.faults.injector import FaultInjector
   kv = cfg.kv
   result = serving.serve(mode, instances, requests, on_progress=on_progress,
@@ -108,12 +113,14 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                          transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
                          debug=cfg.debug, **serve_kwargs)
   if cfg.debug and cfg.backend == "jax":
-    serving.check_outputs_alone(result.requests, mcfg, host_params)
+    serving.check_outputs_alone(result.requests, mcfg, host_params, dtype=cfg.model.dtype)
   duration = max(result.duration_s, 1e-9)
   summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,
                       transfers=result.transfers,
                       compiles=sum(i.compiles for i in instances),
+                      compiles_from_cache=sum(getattr(i, "compiles_from_cache", 0)
+                                              for i in instances),
                       kv_pages_leaked=serving.kv_pages_leaked(instances))
   summary.update(summarize_extras(result.requests, duration_s=duration, steps=result.steps,
                                   samples=result.samples, role_switches=result.role_switches))
@@ -133,9 +140,14 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
   from pdjax.metrics.report import write_run_files
   from pdjax.metrics.trace import write_chrome_trace
 
-  with tqdm(total=cfg.workload.num_requests or None, desc=f"{run:>13}", unit="req",
-            disable=not cfg.progress, file=sys.stderr) as bar:
-    summary, result, _ = execute(cfg, mcfg, run, host_params, on_progress=bar.update)
+  def set_total(n: int) -> None:   # the requests actually loaded, not workload.num_requests
+    bar.total = n
+    bar.refresh()
+
+  with tqdm(total=None, desc=f"{run:>13}", unit="req", disable=not cfg.progress,
+            file=sys.stderr) as bar:
+    summary, result, _ = execute(cfg, mcfg, run, host_params, on_progress=bar.update,
+                                 on_loaded=set_total)
   write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": run}, requests=result.requests,
                   summary=summary)
   os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)

@@ -86,11 +86,16 @@ def check_end_state(result: RunResult, instances: list) -> None:
                                f"returned to the pool")
 
 
-def check_outputs_alone(requests: list[Request], mcfg, params, limit: int = 0) -> int:
-  """Debug check: each finished greedy request's tokens equal the same request run alone
-  through the no-cache reference (so no request's output holds another request's tokens).
-  Raises InvariantViolation at the first difference; returns how many were checked (at most
-  `limit` when > 0)."""
+def check_outputs_alone(requests: list[Request], mcfg, params, limit: int = 0,
+                        dtype: str = "float32") -> int:
+  """Debug check that no request's output holds another request's tokens: each finished
+  greedy request's output tokens, fed back one by one, are the greedy tokens of the same
+  prompt run alone through the no-cache reference, computed like the run (its params, in its
+  dtype, model.dtype). float32: exactly the reference's argmax at every token. bfloat16: the
+  reference's argmax or a rounding tie with it (programs.TIE_EPS), since the paged and dense
+  programs round differently. An EOS (unless ignore_eos) may only be the last token. Raises
+  InvariantViolation at the first difference; returns how many were checked (at most `limit`
+  when > 0)."""
   from pdjax.engine import programs
   checked = 0
   for r in requests:
@@ -99,11 +104,9 @@ def check_outputs_alone(requests: list[Request], mcfg, params, limit: int = 0) -
     if limit and checked >= limit:
       break
     eos = () if r.sampling.ignore_eos else r.eos_ids
-    alone = programs.reference_generate(params, mcfg, r.prompt_ids, len(r.output_ids),
-                                        eos_ids=eos)
-    if alone != r.output_ids:
-      i = next((i for i, (a, b) in enumerate(zip(alone, r.output_ids)) if a != b),
-               min(len(alone), len(r.output_ids)))
+    i = programs.reference_mismatch(params, mcfg, r.prompt_ids, r.output_ids, eos_ids=eos,
+                                    dtype=dtype)
+    if i is not None:
       raise InvariantViolation(f"request {r.id}: output differs from the same request run "
                                f"alone from token {i} on")
     checked += 1

@@ -54,12 +54,12 @@ def test_paged_prefill_logits_match_dense(hf_llama):
   cfg, params = load_hf_checkpoint(path)
   geom = batch_lib.PageGeometry(num_pages=20, page_size=8, pages_per_seq=8)
   seqs = [(PROMPTS[0], 0, [3], 0.0, 0), (PROMPTS[2], 0, [11, 4, 7, 0, 9, 12, 2], 0.0, 0)]
-  b = batch_lib.prefill_batch(geom, seqs, num_tokens=64, max_seqs=4, step=0)
+  b = batch_lib.prefill_batch(geom, seqs, num_tokens=64, max_seqs=4)
   pool = jnp.zeros((cfg.num_layers, cfg.num_kv_heads, 20, 8, cfg.head_dim))
   meta = {k: jnp.asarray(v) for k, v in b.items()}
   logits, _ = Llama(cfg, mode="prefill").apply(params, meta["tokens"], (pool, pool), meta,
                                                meta["cu_q_lens"][1:3] - 1)
-  for row, (ids, _, _, _) in enumerate(seqs):
+  for row, (ids, *_) in enumerate(seqs):
     np.testing.assert_allclose(np.asarray(logits[row]), _dense_logits(cfg, params, ids)[-1],
                                atol=2e-5, rtol=0)
 

@@ -18,7 +18,8 @@ def test_no_compiles_after_warm_up(tiny_model):
   # every instance: prefill + decode buckets; prefill adds a gather per transfer bucket,
   # decode a scatter per transfer bucket (max_model_len 96 / page 8 -> 1..12).
   assert opts.transfer_buckets == (1, 2, 4, 8, 12)
-  assert [i.compiles for i in instances] == [2 + 2, 2 + 2 + 5, 2 + 2 + 5]
+  programs = [i.compiles + i.compiles_from_cache for i in instances]   # XLA or the cache
+  assert programs == [2 + 2, 2 + 2 + 5, 2 + 2 + 5]
 
   events = []
   def listener(event, duration, **kwargs):
@@ -40,4 +41,4 @@ def test_no_compiles_after_warm_up(tiny_model):
   finally:
     monitoring.unregister_event_duration_listener(listener)
   assert events == []
-  assert [i.compiles for i in instances] == [4, 9, 9]
+  assert [i.compiles + i.compiles_from_cache for i in instances] == [4, 9, 9]

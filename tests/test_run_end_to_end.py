@@ -42,7 +42,8 @@ def test_compare_run_writes_both_modes(tmp_path):
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
       assert set(summary[key]) == {"mean", "p50", "p90", "p99"}
     assert set(summary["kv_transfer"]) == {"count", "bytes", "mean_s", "p99_s", "failures"}
-    assert summary["compiles"] > 0 and 0 <= summary["slo_attainment"] <= 1
+    assert summary["compiles"] + summary["compiles_from_cache"] > 0   # exact: test_compiles.py
+    assert 0 <= summary["slo_attainment"] <= 1
     rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and all(REQUEST_FIELDS <= set(r) for r in rows)
     assert {r["path"] for r in rows} == {"disaggregated" if mode == "disaggregated"

@@ -42,11 +42,11 @@ class PageGeometry:
     return row
 
 
-def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int, step: int) -> dict:
+def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int) -> dict:
   """seqs: list of (token_ids, start, pages, temperature, seed): token_ids go at positions
   start.. of that sequence, whose first `start` tokens are already in the cache (a chunk after
   a cached prefix; a decode row is a one-token chunk). The program samples after each
-  sequence's last token."""
+  sequence's last token, keyed by seed and position (see pdjax.engine.sampling)."""
   if len(seqs) > max_seqs:
     raise ValueError(f"{len(seqs)} sequences exceed max_seqs={max_seqs}")
   total = sum(len(s[0]) for s in seqs)
@@ -76,10 +76,10 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int, s
   return dict(tokens=tokens, positions=positions, slot_mapping=slot_mapping, kv_lens=kv_lens,
               page_indices=page_indices, cu_q_lens=cu_q_lens,
               num_seqs=np.array([len(seqs)], np.int32), temperatures=temperatures,
-              seeds=seeds, step=np.int32(step))
+              seeds=seeds)
 
 
-def decode_batch(geom: PageGeometry, seqs, *, batch_size: int, step: int) -> dict:
+def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
   """seqs: list of (last_token, position, pages, temperature, seed); position = where it
   goes; seed = the request's sampling seed (Request.sampling_seed)."""
   if len(seqs) > batch_size:
@@ -100,8 +100,7 @@ def decode_batch(geom: PageGeometry, seqs, *, batch_size: int, step: int) -> dic
     temperatures[i] = temperature
     seeds[i] = seed
   return dict(tokens=tokens, positions=positions, slot_mapping=slot_mapping, lengths=lengths,
-              page_indices=page_indices, temperatures=temperatures, seeds=seeds,
-              step=np.int32(step))
+              page_indices=page_indices, temperatures=temperatures, seeds=seeds)
 
 
 def page_id_batch(geom: PageGeometry, pages: list[int], bucket: int, *, pad_with_drop: bool):

@@ -15,8 +15,9 @@ from pdjax.models.llama_config import LlamaConfig
 
 
 def enable_compile_cache(path: str) -> None:
-  """JAX's persistent compilation cache: identical programs (same model, bucket and TP, on any
-  devices) compile once per machine, not once per instance and run. Empty path: off."""
+  """JAX's persistent compilation cache: identical programs compile once per machine, not once
+  per run. On CPU and TPU the key holds the device assignment (jax strips it on GPU only), so
+  instances on other devices compile their own. Empty path: off."""
   if not path:
     return
   jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path))
@@ -42,8 +43,8 @@ def build_instances(tiers: list[tuple[str, int, int]], mcfg: LlamaConfig, params
   Every instance gets both step programs (a decode instance prefills to recompute a preempted
   sequence or to serve a short prompt locally; a prefill instance decodes colocated-path
   requests). KV transfer programs go where KV can leave (prefill) and arrive (decode), or
-  everywhere when roles may change at run time. Compiles are shared through the persistent
-  cache across instances of equal TP, so this costs little beyond the distinct programs.
+  everywhere when roles may change at run time. Later runs on the same devices load their
+  programs from the persistent cache (Instance.compiles_from_cache).
   """
   specs = mesh_lib.split_devices(devices or jax.devices(), tiers)
   tps = {role: tuple(sorted({tp for r, _, tp in tiers if r == role or roles_may_change}))

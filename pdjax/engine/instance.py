@@ -5,6 +5,8 @@ jitted step asynchronously and return a `PendingTokens` whose `.result()` blocks
 tokens; `tables` is the host-side block-table bookkeeping for this instance's pool. Every program
 is compiled ahead of time, once per bucket, in `warm_up()`; calls go straight to the compiled
 executables, so the steady state cannot recompile (a shape outside the buckets raises).
+A runtime failure (jax.errors.JaxRuntimeError) of a dispatch or of a result is raised as
+`DeviceError`, the one failure the driver survives; anything else propagates.
 """
 
 from __future__ import annotations
@@ -20,22 +22,26 @@ from pdjax.engine import batch as batch_lib
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
 from pdjax.engine.options import EngineOptions  # noqa: F401  (re-exported)
+from pdjax.engine.runtime import compile_lowered, device_errors
 from pdjax.kv.pages import BlockTables
 from pdjax.models.llama import Llama
 from pdjax.models.llama_config import LlamaConfig
 
 
 class PendingTokens:
-  """Tokens of a dispatched step; `result()` waits for them and returns the first `n`."""
+  """Tokens of a dispatched step; `result()` waits for them and returns the first `n`. A step
+  that failed on the device raises DeviceError from either."""
 
   def __init__(self, tokens, n: int):
     self._tokens, self._n = tokens, n
 
   def ready(self) -> bool:
-    return self._tokens.is_ready()
+    with device_errors():
+      return self._tokens.is_ready()
 
   def result(self) -> list[int]:
-    return np.asarray(self._tokens)[:self._n].tolist()
+    with device_errors():
+      return np.asarray(self._tokens)[:self._n].tolist()
 
 
 class Instance:
@@ -57,8 +63,9 @@ class Instance:
     self.kv = jax.jit(lambda: (jnp.zeros(pool, self.dtype), jnp.zeros(pool, self.dtype)),
                       out_shardings=self._kv_sh)()
     self.kv_pool_shape = pool
-    self.compiles = 0
-    self._steps = 0
+    self.compiles = 0              # programs compiled by XLA
+    self.compiles_from_cache = 0   # programs a compilation cache served (persistent or
+                                   # jax's in-process one)
     self._prefill, self._decode, self._gather, self._scatter = {}, {}, {}, {}
 
   # ---- compilation -------------------------------------------------------------------------
@@ -68,8 +75,12 @@ class Instance:
         lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args)
     jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                      donate_argnums=donate)
-    self.compiles += 1
-    return jitted.lower(*abstract).compile()
+    compiled, by_xla = compile_lowered(jitted.lower(*abstract))
+    if by_xla:
+      self.compiles += 1
+    else:
+      self.compiles_from_cache += 1
+    return compiled
 
   def _step_program(self, fn, mode, example_batch):
     model = Llama(self.cfg, mode=mode, dtype=self.dtype,
@@ -86,13 +97,12 @@ class Instance:
     o = self.opts
     if prefill:
       for n in o.prefill_buckets:
-        b = batch_lib.prefill_batch(self.geom, [], num_tokens=n, max_seqs=o.max_prefill_seqs,
-                                    step=0)
+        b = batch_lib.prefill_batch(self.geom, [], num_tokens=n, max_seqs=o.max_prefill_seqs)
         self._prefill[n] = self._step_program(programs.prefill, "prefill", b)
         self._run_once(self._prefill[n], b)
     if decode:
       for n in o.decode_buckets:
-        b = batch_lib.decode_batch(self.geom, [], batch_size=n, step=0)
+        b = batch_lib.decode_batch(self.geom, [], batch_size=n)
         self._decode[n] = self._step_program(programs.decode, "decode", b)
         self._run_once(self._decode[n], b)
     from pdjax.engine import transfer  # the transfer programs live beside their logic
@@ -112,22 +122,21 @@ class Instance:
   # ---- steps -------------------------------------------------------------------------------
 
   def prefill(self, seqs) -> PendingTokens:
-    """The ragged step: seqs is a list of (token_ids, start, pages, temperature) — whole
+    """The ragged step: seqs is a list of (token_ids, start, pages, temperature, seed) — whole
     prompts, prompt chunks after a cached prefix, or one-token decode rows (mixed batches).
     Dispatches without waiting; the result holds each sequence's next token."""
     n = batch_lib.pick_bucket(self.opts.prefill_buckets, sum(len(s[0]) for s in seqs))
     b = batch_lib.prefill_batch(self.geom, seqs, num_tokens=n,
-                                max_seqs=self.opts.max_prefill_seqs, step=self._next_step())
-    tokens, self.kv = self._prefill[n](self.params, self.kv, b)
+                                max_seqs=self.opts.max_prefill_seqs)
+    with device_errors():
+      tokens, self.kv = self._prefill[n](self.params, self.kv, b)
     return PendingTokens(tokens, len(seqs))
 
   def decode(self, seqs) -> PendingTokens:
-    """seqs: list of (last_token, position, pages, temperature). Dispatches without waiting."""
+    """seqs: list of (last_token, position, pages, temperature, seed). Dispatches without
+    waiting."""
     n = batch_lib.pick_bucket(self.opts.decode_buckets, len(seqs))
-    b = batch_lib.decode_batch(self.geom, seqs, batch_size=n, step=self._next_step())
-    tokens, self.kv = self._decode[n](self.params, self.kv, b)
+    b = batch_lib.decode_batch(self.geom, seqs, batch_size=n)
+    with device_errors():
+      tokens, self.kv = self._decode[n](self.params, self.kv, b)
     return PendingTokens(tokens, len(seqs))
-
-  def _next_step(self) -> int:
-    self._steps += 1
-    return self._steps

@@ -11,36 +11,36 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from pdjax.engine.sampling import sample
+from pdjax.engine.sampling import row_keys, sample
 from pdjax.models.llama import Llama
-
-
-def _sample_key(seed: int, step):
-  return jax.random.fold_in(jax.random.key(seed), step)
 
 
 def prefill(params, kv, batch, *, model: Llama, seed: int):
   """Writes the prompts' KV into the pools and samples each sequence's first token.
 
-  Returns (tokens int32 [max_seqs], kv). Rows past batch["num_seqs"] are padding.
+  Returns (tokens int32 [max_seqs], kv). Rows past batch["num_seqs"] are padding. A sequence
+  of kv_len tokens samples the token at position kv_len (keyed by its seed and that position).
   """
   meta = {k: batch[k] for k in ("positions", "slot_mapping", "kv_lens", "page_indices",
                                  "cu_q_lens", "num_seqs")}
   last = jnp.maximum(batch["cu_q_lens"][1:] - 1, 0)
   logits, kv = model.apply(params, batch["tokens"], kv, meta, last)
-  return sample(logits, batch["temperatures"], _sample_key(seed, batch["step"])), kv
+  keys = row_keys(seed, batch["seeds"], batch["kv_lens"])
+  return sample(logits, batch["temperatures"], keys), kv
 
 
 def decode(params, kv, batch, *, model: Llama, seed: int):
   """One decode step for a batch of sequences: appends one token's KV, samples the next token.
 
-  Returns (tokens int32 [batch], kv).
+  Returns (tokens int32 [batch], kv). The token sampled goes at position + 1 = lengths.
   """
   meta = {k: batch[k] for k in ("positions", "slot_mapping", "lengths", "page_indices")}
   rows = jnp.arange(batch["tokens"].shape[0])
   logits, kv = model.apply(params, batch["tokens"], kv, meta, rows)
-  return sample(logits, batch["temperatures"], _sample_key(seed, batch["step"])), kv
+  keys = row_keys(seed, batch["seeds"], batch["lengths"])
+  return sample(logits, batch["temperatures"], keys), kv
 
 
 def gather_pages(kv, page_ids):
@@ -64,22 +64,52 @@ def _dense_forward(cfg, dtype):
       p, toks, (), {"positions": jnp.arange(toks.shape[0])}, last[None])[0])
 
 
+def _reference_logits(forward, params, ids: list[int], bucket: int) -> np.ndarray:
+  """The next-token logits after ids. The sequence is zero-padded to a multiple of `bucket` so
+  a few shapes compile; causal attention keeps padding after the last real token from
+  changing its logits."""
+  padded = ids + [0] * (-len(ids) % bucket)
+  return np.asarray(forward(params, jnp.array(padded, jnp.int32), jnp.int32(len(ids) - 1))[0])
+
+
 def reference_generate(params, cfg, prompt_ids, max_new_tokens: int, eos_ids=(), dtype=jnp.float32,
                        bucket: int = 64):
-  """No-cache reference: recomputes the whole sequence for every new token (greedy).
-
-  The sequence is zero-padded to a multiple of `bucket` so a few shapes compile; causal
-  attention keeps padding after the last real token from changing its logits.
-  """
+  """No-cache reference: recomputes the whole sequence for every new token (greedy), computing
+  in `dtype`."""
   forward = _dense_forward(cfg, jnp.dtype(dtype))
   ids = list(prompt_ids)
   out = []
   for _ in range(max_new_tokens):
-    padded = ids + [0] * (-len(ids) % bucket)
-    logits = forward(params, jnp.array(padded, jnp.int32), jnp.int32(len(ids) - 1))
-    token = int(jnp.argmax(logits[0]))
+    token = int(np.argmax(_reference_logits(forward, params, ids, bucket)))
     out.append(token)
     ids.append(token)
     if token in eos_ids:
       break
   return out
+
+
+# In a low-precision run, a greedy token within TIE_EPS * eps(dtype) * max|logit| of the
+# reference's best is a rounding tie, not a difference (bfloat16: eps = 2^-7).
+TIE_EPS = 4
+
+
+def reference_mismatch(params, cfg, prompt_ids, output_ids, eos_ids=(), dtype=jnp.float32,
+                       bucket: int = 64) -> int | None:
+  """Teacher-forced check of a greedy output against the no-cache reference in `dtype`: for
+  each i, the reference's logits after prompt + output_ids[:i] must make output_ids[i] the
+  greedy token (float32: exactly the argmax; lower precision: within the tie tolerance, see
+  TIE_EPS), and no token before the last may be an EOS. Returns the first index that fails,
+  or None."""
+  dtype = jnp.dtype(dtype)
+  forward = _dense_forward(cfg, dtype)
+  tie = 0.0 if dtype == jnp.float32 else TIE_EPS * float(jnp.finfo(dtype).eps)
+  ids = list(prompt_ids)
+  for i, token in enumerate(output_ids):
+    logits = _reference_logits(forward, params, ids, bucket)
+    best = float(logits.max())
+    if best - float(logits[token]) > tie * float(np.abs(logits).max()):
+      return i
+    if token in eos_ids and i < len(output_ids) - 1:
+      return i
+    ids.append(token)
+  return None

@@ -9,6 +9,9 @@ Why not `jax.device_put(gathered, dst_sharding)` directly: when the source's sha
 from the destination's (another spec or TP degree), JAX falls back to
 `shard_sharded_device_array_slow_path`, which may materialise the array on the host
 (`x._value`). Single-device pieces always take the direct device-to-device copy.
+
+A runtime failure (jax.errors.JaxRuntimeError) while dispatching or landing is raised as
+`DeviceError`; a page-count mismatch or a size beyond the buckets stays a ValueError.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from pdjax.engine import batch as batch_lib
 from pdjax.engine import programs
+from pdjax.engine.runtime import device_errors
 from pdjax.kv.transfer_result import TransferResult
 
 PAGES_SPEC = P(None, None, "tp")    # [2 (k|v), layers, kv_heads, n, page_size, head_dim]
@@ -79,13 +83,15 @@ class PendingTransfer:
     self._seconds: float | None = None
 
   def ready(self) -> bool:
-    if self._seconds is None and self.pages.is_ready():
-      self._seconds = time.perf_counter() - self.start
+    with device_errors():
+      if self._seconds is None and self.pages.is_ready():
+        self._seconds = time.perf_counter() - self.start
     return self._seconds is not None
 
   def result(self) -> TransferResult:
     if self._seconds is None:
-      self.pages.block_until_ready()
+      with device_errors():
+        self.pages.block_until_ready()
       self._seconds = time.perf_counter() - self.start
     return TransferResult(bytes=int(self.pages.nbytes), seconds=self._seconds)
 
@@ -123,12 +129,13 @@ def _dispatch(src, src_ids: np.ndarray, dst, dst_ids: np.ndarray) -> PendingTran
   start = time.perf_counter()
   n = len(src_ids)
   gather, plan = src._gather[(n, dst.tp)]
-  outs = gather(src.kv, src_ids)
-  pieces = [next(s.data for s in outs[i].addressable_shards if s.device == device)
-            for i, device in plan]
-  moved = jax.device_put(pieces, list(dst.mesh.devices.flat))   # device -> device, per piece
   layers, kvh, _, ps, d = dst.kv_pool_shape
-  pages = jax.make_array_from_single_device_arrays(
-      (2, layers, kvh, n, ps, d), NamedSharding(dst.mesh, PAGES_SPEC), moved)
-  dst.kv = dst._scatter[n](dst.kv, pages, dst_ids)
+  with device_errors():
+    outs = gather(src.kv, src_ids)
+    pieces = [next(s.data for s in outs[i].addressable_shards if s.device == device)
+              for i, device in plan]
+    moved = jax.device_put(pieces, list(dst.mesh.devices.flat))   # device -> device, per piece
+    pages = jax.make_array_from_single_device_arrays(
+        (2, layers, kvh, n, ps, d), NamedSharding(dst.mesh, PAGES_SPEC), moved)
+    dst.kv = dst._scatter[n](dst.kv, pages, dst_ids)
   return PendingTransfer(pages, start)

@@ -49,8 +49,10 @@ def _transfer_stats(transfers: Sequence[dict]) -> dict:
 
 def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
               slo_ttft_s: float, slo_tpot_s: float, transfers: Sequence[dict],
-              compiles: int, kv_pages_leaked: int) -> dict:
-  """The summary.json dict for one run (key names are a contract)."""
+              compiles: int, kv_pages_leaked: int, compiles_from_cache: int = 0) -> dict:
+  """The summary.json dict for one run (key names are a contract). compiles: programs XLA
+  compiled; compiles_from_cache: programs a compilation cache served instead (JAX's persistent
+  cache, or its in-process one for a program built again on the same devices)."""
   if duration_s <= 0:
     raise ValueError(f"duration_s must be > 0, got {duration_s}")
   for r in requests:
@@ -83,6 +85,7 @@ def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
       "output_tok_s": output_tokens / duration_s,
       "kv_transfer": _transfer_stats(transfers),
       "compiles": compiles,
+      "compiles_from_cache": compiles_from_cache,
       "kv_pages_leaked": kv_pages_leaked,
   }
 

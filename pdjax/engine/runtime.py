@@ -1,0 +1,58 @@
+"""What the engine takes from the JAX runtime: its failures as `DeviceError`, and whether a
+program was compiled by XLA or served by a compilation cache.
+
+`device_errors()` turns `jax.errors.JaxRuntimeError` (a failed dispatch, or a step whose result
+failed on the device) into `DeviceError`, the one failure the driver survives; nothing else is
+wrapped, so a ValueError (a shape beyond the buckets) or a TypeError still stops the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax
+from jax import monitoring
+
+from pdjax.scheduler.errors import DeviceError
+
+# Recorded by jax._src.compiler.compile_or_get_cached when the persistent cache serves a program.
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+# Recorded around every compile_or_get_cached call (jax._src.dispatch.BACKEND_COMPILE_EVENT):
+# an XLA compile, or a persistent-cache load. Neither fires when jax's in-process cache hands
+# back an executable it already holds (the same lowered program on the same devices).
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def device_errors():
+  """Re-raises a JaxRuntimeError inside the block as DeviceError("JaxRuntimeError: <its
+  message>") from it (the driver names the step or transfer that failed)."""
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as e:
+    raise DeviceError(f"{type(e).__name__}: {e}") from e
+
+
+def compile_lowered(lowered) -> tuple[object, bool]:
+  """Compiles a `jax.stages.Lowered`; returns (executable, True when XLA compiled it, False
+  when a compilation cache served it: the persistent one, or jax's in-process one). Lowering
+  happens before (its eager ops may compile small programs of their own): only this one
+  program's compile is watched, on this thread."""
+  me, seen = threading.get_ident(), set()
+
+  def on_event(event, **kwargs):
+    if threading.get_ident() == me:
+      seen.add(event)
+
+  def on_duration(event, duration, **kwargs):
+    on_event(event)
+
+  monitoring.register_event_listener(on_event)
+  monitoring.register_event_duration_secs_listener(on_duration)
+  try:
+    compiled = lowered.compile()
+  finally:
+    monitoring.unregister_event_listener(on_event)
+    monitoring.unregister_event_duration_listener(on_duration)
+  return compiled, BACKEND_COMPILE_EVENT in seen and CACHE_HIT_EVENT not in seen
