@@ -61,3 +61,30 @@ def test_one_device_error_among_landed_transfers_is_recovered_quietly():
   a, b = _disagg(flaky).run([_req(0, 4, 3), _req(1, 4, 3)]).requests
   assert [r.status for r in (a, b)] == [Status.FINISHED] * 2
   assert a.output_ids == b.output_ids == [104, 105, 106] and a.fallbacks == []
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_a_failed_transfer_gives_its_decode_slot_back(monkeypatch, leak):
+  """One decode slot: the failed attempt must release its reservation, or the retry (and the
+  other request) can never be placed and the run stalls. leak=True shows the test sees it."""
+  from pdjax.scheduler.worker import Worker as RealWorker
+  if leak:
+    monkeypatch.setattr(RealWorker, "release", lambda self, req: None)
+  calls = []
+
+  def flaky(*_):
+    calls.append(1)
+    if len(calls) == 1:
+      raise DeviceError("link reset")
+    return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
+
+  clock = ManualClock()
+  p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
+  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode", max_batch=1)],
+                  options=dataclasses.replace(OPTS, transfer_backoff_s=0.001), clock=clock,
+                  transfer_fn=flaky)
+  a, b = driver.run([_req(0, 4, 3), _req(1, 4, 3)]).requests
+  expected = [Status.FAILED] * 2 if leak else [Status.FINISHED] * 2
+  assert [a.status, b.status] == expected
+  if not leak:
+    assert a.output_ids == b.output_ids == [104, 105, 106]
