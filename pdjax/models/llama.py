@@ -1,5 +1,8 @@
 """A Llama-family decoder in Flax (linen): RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
+One model with options (LlamaConfig) covers the families: llama3 RoPE scaling, q/k/v (and
+o_proj) biases. Bias params are named q_bias, k_bias, v_bias, o_bias, beside the projections.
+
 The model is a pure function of its parameters, the new tokens, the KV page pools and the
 attention metadata; it returns logits for the selected rows and the updated pools. Three modes
 share one set of weights:
@@ -11,9 +14,12 @@ Layers are stacked with `nn.scan` (one compiled layer body, fast compiles, param
 
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernels_pallas import xla_attention
 from kernels_pallas.attention_ops import AttentionOps
@@ -34,11 +40,35 @@ class RMSNorm(nn.Module):
     return weight * normed.astype(x.dtype)
 
 
-def apply_rope(x, positions, theta: float):
+def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+  """RoPE inverse frequencies [head_dim / 2], float32, computed on the host op for op as
+  transformers does (modeling_rope_utils: default, and _compute_llama3_parameters); equal bits
+  but for a rare last-ulp difference of torch's vectorized float32 pow."""
+  d = cfg.head_dim
+  exponent = np.arange(0, d, 2).astype(np.float32) / np.float32(d)
+  # float32 inputs, pow rounded once from float64 (torch's float32 pow, to within an ulp).
+  power = (np.float64(np.float32(cfg.rope_theta)) ** exponent.astype(np.float64))
+  inv_freq = np.float32(1.0) / power.astype(np.float32)
+  s = cfg.rope_scaling
+  if s is None:
+    return inv_freq
+  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+  # torch evaluates scalar / tensor as reciprocal(tensor) * scalar; so do we, for equal bits.
+  wavelen = (np.float32(1.0) / inv_freq) * np.float32(2 * math.pi)
+  scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(s.factor), inv_freq)
+  ratio = (np.float32(1.0) / wavelen) * np.float32(s.original_max_position_embeddings)
+  smooth = ((ratio - np.float32(s.low_freq_factor))
+            / np.float32(s.high_freq_factor - s.low_freq_factor))
+  smoothed = (1 - smooth) * scaled / np.float32(s.factor) + smooth * scaled
+  medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x, positions, inv_freq):
   """Rotary embedding, Hugging Face "rotate_half" layout. x [T, heads, D], positions [T]."""
   d = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-  freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]    # [T, D/2]
+  freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]   # [T, D/2]
   emb = jnp.concatenate([freqs, freqs], axis=-1)[:, None, :]            # [T, 1, D]
   cos, sin = jnp.cos(emb), jnp.sin(emb)
   x32 = x.astype(jnp.float32)
@@ -58,12 +88,18 @@ class DecoderLayer(nn.Module):
     dense = lambda feats, name, axis=-1: nn.DenseGeneral(
         feats, axis=axis, use_bias=False, dtype=dt, param_dtype=dt, name=name)
 
+    def biased(y, name, on):   # a separate param, so the TP layout of the kernel is untouched
+      if not on:
+        return y
+      return y + self.param(name, nn.initializers.zeros, y.shape[1:], dt)
+
     h = RMSNorm(cfg.rms_norm_eps, dt, name="input_layernorm")(x)
-    q = dense((cfg.num_heads, cfg.head_dim), "q_proj")(h)                # [T, H, D]
-    k = dense((cfg.num_kv_heads, cfg.head_dim), "k_proj")(h)             # [T, KVH, D]
-    v = dense((cfg.num_kv_heads, cfg.head_dim), "v_proj")(h)
-    q = apply_rope(q, meta["positions"], cfg.rope_theta)
-    k = apply_rope(k, meta["positions"], cfg.rope_theta)
+    q = biased(dense((cfg.num_heads, cfg.head_dim), "q_proj")(h), "q_bias", cfg.qkv_bias)
+    k = biased(dense((cfg.num_kv_heads, cfg.head_dim), "k_proj")(h), "k_bias", cfg.qkv_bias)
+    v = biased(dense((cfg.num_kv_heads, cfg.head_dim), "v_proj")(h), "v_bias", cfg.qkv_bias)
+    inv_freq = rope_inv_freq(cfg)                           # a host constant, folded in
+    q = apply_rope(q, meta["positions"], inv_freq)
+    k = apply_rope(k, meta["positions"], inv_freq)
 
     if self.mode == "dense":
       out = xla_attention.dense_causal_attention(q, k, v)
@@ -75,7 +111,8 @@ class DecoderLayer(nn.Module):
       else:
         out = self.attention.ragged(q, k_pages, v_pages, meta["kv_lens"], meta["page_indices"],
                                     meta["cu_q_lens"], meta["num_seqs"])
-    x = x + dense(cfg.hidden_size, "o_proj", axis=(-2, -1))(out)
+    x = x + biased(dense(cfg.hidden_size, "o_proj", axis=(-2, -1))(out), "o_bias",
+                   cfg.o_proj_bias)
 
     h = RMSNorm(cfg.rms_norm_eps, dt, name="post_attention_layernorm")(x)
     gate = dense(cfg.intermediate_size, "gate_proj")(h)
@@ -97,6 +134,13 @@ class Llama(nn.Module):
     if self.mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
     cfg = self.cfg
+    if cfg.sliding_window is not None:   # a backstop for callers that skip check_max_model_len
+      span = (tokens.shape[0] if self.mode == "dense"
+              else meta["page_indices"].shape[-1] * kv[0].shape[-2])
+      if span > cfg.sliding_window:
+        raise ValueError(f"sliding_window={cfg.sliding_window} is smaller than the {span} "
+                         f"positions this program attends (sliding-window attention is not "
+                         f"implemented)")
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype,
                      param_dtype=self.dtype, name="embed_tokens")
     x = embed(tokens)
