@@ -12,6 +12,7 @@ import os
 
 from pdjax.kv.prefix_cache import EVICTION_POLICIES
 from pdjax.models.llama_config import PRESETS, LlamaConfig, config_from_hf
+from pdjax.models.orbax_checkpoint import checkpoint_format
 from pdjax.scheduler import policies as policy_lib
 from pdjax.workload.loader import validate_workload
 
@@ -64,7 +65,8 @@ def model_config(cfg) -> LlamaConfig:
   if cfg.model.checkpoint:
     _require(os.path.isdir(cfg.model.checkpoint), "model.checkpoint", cfg.model.checkpoint,
              "is not a directory")
-    try:
+    try:   # an orbax folder (pdjax.convert) or an HF one; both carry the HF config.json
+      checkpoint_format(cfg.model.checkpoint)
       return config_from_hf(cfg.model.checkpoint)
     except (ValueError, KeyError, FileNotFoundError) as e:
       raise ConfigError(str(e)) from None

@@ -113,7 +113,9 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                          transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
                          debug=cfg.debug, **serve_kwargs)
   if cfg.debug and cfg.backend == "jax":
-    serving.check_outputs_alone(result.requests, mcfg, host_params, dtype=cfg.model.dtype)
+    from pdjax.engine.cluster import as_host   # an orbax checkpoint is read whole only here
+    serving.check_outputs_alone(result.requests, mcfg, as_host(host_params),
+                                dtype=cfg.model.dtype)
   duration = max(result.duration_s, 1e-9)
   summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,

@@ -26,13 +26,26 @@ def enable_compile_cache(path: str) -> None:
 
 
 def host_params(mcfg: LlamaConfig, *, checkpoint: str, seed: int, dtype: str):
-  """Parameters as host numpy arrays: loaded from a local HF checkpoint, or seeded random."""
+  """The run's parameters, in `dtype` (model.dtype), for build_instances: seeded random or a
+  local HF checkpoint as host numpy arrays (loaded whole once per process and shared: each
+  instance device_puts its shards out of them), or, for a pdjax orbax checkpoint
+  (`python -m pdjax.convert`), an OrbaxParams that each instance calls with its shardings to
+  read only its own shards, with no host copy of the model. `as_host` turns either into host
+  arrays where a host-side reference needs them."""
   np_dtype = jax.numpy.dtype(dtype)
   if checkpoint:
+    from pdjax.models import orbax_checkpoint
+    if orbax_checkpoint.checkpoint_format(checkpoint) == "orbax":
+      return orbax_checkpoint.OrbaxParams(checkpoint, np_dtype)
     from pdjax.models.hf_loader import load_hf_checkpoint
     return load_hf_checkpoint(checkpoint, dtype=np_dtype)[1]
   params = init_params(mcfg, seed, dtype=np_dtype)
   return jax.tree_util.tree_map(np.asarray, params)
+
+
+def as_host(params):
+  """Host numpy params from what host_params returned (an OrbaxParams is read whole)."""
+  return params.host() if callable(params) else params
 
 
 def build_instances(tiers: list[tuple[str, int, int]], mcfg: LlamaConfig, params,

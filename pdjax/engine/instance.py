@@ -44,18 +44,30 @@ class PendingTokens:
       return np.asarray(self._tokens)[:self._n].tolist()
 
 
+def place_params(mesh, params):
+  """(shardings, params on the mesh's devices). `params` is a host pytree (device_put: each
+  device copies its shards out of it) or a restorer, a callable with an `abstract` tree of
+  shapes and dtypes (models.orbax_checkpoint.OrbaxParams) that, given the shardings, reads
+  each device's shards straight onto it: no host copy of the whole model per instance."""
+  if callable(params):
+    shardings = mesh_lib.param_shardings(mesh, params.abstract)
+    return shardings, params(shardings)
+  shardings = mesh_lib.param_shardings(mesh, params)
+  return shardings, jax.device_put(params, shardings)
+
+
 class Instance:
 
-  def __init__(self, spec: mesh_lib.InstanceSpec, cfg: LlamaConfig, host_params,
+  def __init__(self, spec: mesh_lib.InstanceSpec, cfg: LlamaConfig, params,
                opts: EngineOptions):
+    """params: a host pytree or a checkpoint restorer (see `place_params`)."""
     self.name, self.role, self.cfg, self.opts = spec.name, spec.role, cfg, opts
     self.mesh = mesh_lib.instance_mesh(spec.devices)
     self.tp = len(spec.devices)
     self.geom = batch_lib.PageGeometry(opts.num_pages, opts.page_size, opts.pages_per_seq)
     self.tables = BlockTables(opts.num_pages, opts.page_size)
     self.dtype = jnp.dtype(opts.dtype)
-    self._param_sh = mesh_lib.param_shardings(self.mesh, host_params)
-    self.params = jax.device_put(host_params, self._param_sh)
+    self._param_sh, self.params = place_params(self.mesh, params)
     self.kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_pool_spec())
     self._kv_sh = (self.kv_sharding, self.kv_sharding)
     self._rep = mesh_lib.replicated(self.mesh)
