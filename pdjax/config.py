@@ -75,6 +75,25 @@ def model_config(cfg) -> LlamaConfig:
   return PRESETS[cfg.model.preset]
 
 
+def check_tokenizer(cfg, mcfg: LlamaConfig) -> None:
+  """model.tokenizer (default: the checkpoint folder, when it has a tokenizer.json) must hold
+  a tokenizer.json whose token ids fit the model's vocabulary."""
+  from pdjax.text.tokenizer import TextError, has_tokenizer, vocab_size_of
+  folder = cfg.model.get("tokenizer", "")
+  if folder:
+    _require(has_tokenizer(folder), "model.tokenizer", folder,
+             "is not a folder with a tokenizer.json")
+  folder = folder or cfg.model.checkpoint
+  if not has_tokenizer(folder):
+    return
+  try:
+    size = vocab_size_of(folder)
+  except TextError as e:
+    raise ConfigError(str(e)) from None
+  _require(size <= mcfg.vocab_size, "model.tokenizer", folder,
+           f"has token ids up to {size - 1}, outside the model's vocab_size={mcfg.vocab_size}")
+
+
 def tiers(cfg) -> dict[str, list[tuple[str, int, int]]]:
   """For each serving mode the (role, instances, tp) tiers it runs on."""
   c = cfg.cluster
@@ -154,6 +173,7 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(cfg.model.attention_impl in ("auto", "pallas", "xla"), "model.attention_impl",
            cfg.model.attention_impl, "is not one of ['auto', 'pallas', 'xla']")
   mcfg = model_config(cfg)
+  check_tokenizer(cfg, mcfg)
 
   for role in ("prefill", "decode", "colocated"):
     tier = cfg.cluster[role]
@@ -181,6 +201,10 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(kv.max_model_len >= 1, "kv.max_model_len", kv.max_model_len, "must be >= 1")
   _require(kv.max_model_len <= mcfg.max_position_embeddings, "kv.max_model_len",
            kv.max_model_len, f"exceeds the model's {mcfg.max_position_embeddings} positions")
+  try:
+    mcfg.check_max_model_len(kv.max_model_len)   # no sliding-window attention here
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   pages_per_seq = -(-kv.max_model_len // kv.page_size)
   _require(kv.pages_per_instance >= pages_per_seq, "kv.pages_per_instance",
            kv.pages_per_instance, f"cannot hold one max_model_len sequence ({pages_per_seq} pages)")

@@ -1,11 +1,16 @@
 """Offline generation from a local Hugging Face checkpoint, through the serving engine.
 
   python -m pdjax.generate --checkpoint=DIR --prompts=IN.jsonl --max_new_tokens=N \
-      --output=OUT.jsonl [--mode=colocated|disaggregated] [--temperature=T] [--ignore_eos]
+      --output=OUT.jsonl [--mode=colocated|chunked|disaggregated] [--temperature=T] \
+      [--ignore_eos] [--tokenizer=DIR]
 
-IN lines are {"id": "...", "prompt_ids": [...]} with an optional integer "seed" (the request's
-sampling seed; default: derived from its id); OUT lines {"id": "...", "output_ids": [...]}
-in input order. Greedy when temperature is 0; sampled tokens depend only on --seed, the
+IN lines are {"id": "...", and one of "prompt_ids": [...], "prompt": "text" or "messages":
+[{"role": "user", "content": "..."}]} with an optional integer "seed" (the request's sampling
+seed; default: derived from its id). Text is encoded with the tokenizer of --tokenizer (default:
+the checkpoint folder), chats rendered with its chat template; generation stops at the EOS ids
+of generation_config.json. OUT lines {"id", "output_ids", "text", "finish_reason": "stop" |
+"length"} in input order; a request that was not served also has "status" and "reason" (and
+one line on stderr). Greedy when temperature is 0; sampled tokens depend only on --seed, the
 request's seed and the position, not on batching. All prompts arrive at t=0 and are served with
 the same driver, programs and KV transfer as `pdjax.run`. Prints generated tokens per second.
 """
@@ -21,10 +26,14 @@ from absl import app, flags, logging
 from pdjax.cli import fail, use_cpu_devices
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Local HF checkpoint folder.")
-_PROMPTS = flags.DEFINE_string("prompts", None, "Input JSONL: id, prompt_ids.")
-_OUTPUT = flags.DEFINE_string("output", None, "Output JSONL: id, output_ids.")
+_TOKENIZER = flags.DEFINE_string("tokenizer", "", "Tokenizer folder; empty = --checkpoint.")
+_PROMPTS = flags.DEFINE_string("prompts", None, "Input JSONL: id + prompt_ids|prompt|messages.")
+_OUTPUT = flags.DEFINE_string("output", None, "Output JSONL: id, output_ids, text, "
+                              "finish_reason.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 16, "Tokens to generate per prompt.")
-_MODE = flags.DEFINE_enum("mode", "colocated", ["colocated", "disaggregated"], "Serving mode.")
+_MODE = flags.DEFINE_enum("mode", "colocated", ["colocated", "chunked", "disaggregated"],
+                          "Serving mode (chunked: colocated with chunked prefill).")
+_CHUNK = flags.DEFINE_integer("chunk_budget", 64, "Tokens per chunked-prefill step.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 is greedy.")
 _IGNORE_EOS = flags.DEFINE_boolean("ignore_eos", False, "Generate max_new_tokens regardless.")
 _TP = flags.DEFINE_integer("tp", 1, "TP of the colocated instance.")
@@ -32,6 +41,8 @@ _PREFILL_TP = flags.DEFINE_integer("prefill_tp", 1, "TP of the prefill instance.
 _DECODE_TP = flags.DEFINE_integer("decode_tp", 1, "TP of the decode instance.")
 _PAGE_SIZE = flags.DEFINE_integer("page_size", 16, "Tokens per KV page.")
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 16, "Sequences per decode step.")
+_CONTEXT = flags.DEFINE_integer("max_model_len", 0, "Most tokens per request, prompt + "
+                                "generated; 0 = the model's max_position_embeddings.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 _CACHE = flags.DEFINE_string("compile_cache_dir", "~/.cache/pdjax/xla",
                              "JAX persistent compilation cache; empty = off.")
@@ -40,26 +51,32 @@ _ATTENTION = flags.DEFINE_enum("attention_impl", "auto", ["auto", "pallas", "xla
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
 
-def read_prompts(path: str, vocab_size: int) -> list[tuple[str, list[int], int | None]]:
-  """(id, prompt_ids, seed or None) per non-empty line."""
-  prompts = []
-  with open(path) as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-        ids = row["prompt_ids"]
-        if not (isinstance(ids, list) and ids and
-                all(isinstance(t, int) and 0 <= t < vocab_size for t in ids)):
-          raise ValueError(f"prompt_ids must be a non-empty list of ints in [0, {vocab_size})")
-        seed = row.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-          raise ValueError(f"seed must be an integer, got {seed!r}")
-        prompts.append((str(row["id"]), ids, seed))
-      except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}:{lineno}: {type(e).__name__}: {e}") from None
-  return prompts
+def load_text(checkpoint: str, tokenizer_dir: str, mcfg):
+  """(tokenizer or None, why there is none, stop ids). Raises TextError for a tokenizer that
+  does not fit the checkpoint (vocabulary, stop ids)."""
+  from pdjax.text import stops
+  from pdjax.text.tokenizer import TextError, Tokenizer, has_tokenizer
+  folder = tokenizer_dir or checkpoint
+  tokenizer, why = None, f"no tokenizer.json in {folder} (pass --tokenizer)"
+  if tokenizer_dir or has_tokenizer(folder):
+    tokenizer = Tokenizer(folder)
+    if tokenizer.vocab_size > mcfg.vocab_size:
+      raise TextError(f"{folder}/tokenizer.json: token ids up to {tokenizer.vocab_size - 1} do "
+                      f"not fit the checkpoint's vocab_size={mcfg.vocab_size} "
+                      f"({checkpoint}/config.json)")
+  stop_ids = stops.stop_token_ids(checkpoint, mcfg.eos_token_ids, tokenizer, mcfg.vocab_size)
+  return tokenizer, why, stop_ids
+
+
+def output_row(r, tokenizer) -> dict:
+  """One OUT line: text leaves out the stop token that ended the request."""
+  ids = r.output_ids[:-1] if r.finish_reason == "stop" else r.output_ids
+  row = {"id": r.id, "output_ids": r.output_ids,
+         "text": tokenizer.decode(ids) if tokenizer is not None else None,
+         "finish_reason": r.finish_reason}
+  if r.status.value != "finished":
+    row.update(status=r.status.value, reason=r.reason)
+  return row
 
 
 def _powers_of_two_up_to(n: int, start: int) -> tuple[int, ...]:
@@ -70,53 +87,87 @@ def _powers_of_two_up_to(n: int, start: int) -> tuple[int, ...]:
   return tuple(out) + (b,)
 
 
+def _policies(mode: str, opts, chunk_budget: int):
+  """chunked: colocated with chunked prefill; None (the driver's defaults) otherwise."""
+  if mode != "chunked":
+    return None
+  from pdjax.scheduler import policies as policy_lib
+  names = dict(prefill_router="least_loaded", decode_router="least_loaded",
+               path="always_disagg", admission="none", colocated_policy="chunked_prefill",
+               role_switch="none")
+  return policy_lib.build(names, dict(token_budget=max(opts.prefill_buckets),
+                                      chunk_budget=chunk_budget,
+                                      max_prefill_seqs=opts.max_prefill_seqs))
+
+
 def main(argv) -> None:
   del argv
   logging.set_verbosity(logging.WARNING)
   for name, flag in (("checkpoint", _CHECKPOINT), ("prompts", _PROMPTS), ("output", _OUTPUT)):
     if not flag.value:
       fail(f"--{name} is required")
+  if _MAX_NEW.value < 1 or _CHUNK.value < 1 or _CONTEXT.value < 0:
+    fail("error: --max_new_tokens and --chunk_budget must be >= 1, --max_model_len >= 0")
   from pdjax.models.llama_config import config_from_hf
+  from pdjax.text.prompts import read_prompts
   try:
     mcfg = config_from_hf(_CHECKPOINT.value)
-    prompts = read_prompts(_PROMPTS.value, mcfg.vocab_size)
-  except (ValueError, FileNotFoundError) as e:
+    tokenizer, no_tokenizer, stop_ids = load_text(_CHECKPOINT.value, _TOKENIZER.value, mcfg)
+    context = _CONTEXT.value or mcfg.max_position_embeddings
+    prompts = read_prompts(_PROMPTS.value, mcfg.vocab_size, tokenizer=tokenizer,
+                           no_tokenizer=no_tokenizer, context=context,
+                           max_new_tokens=_MAX_NEW.value)
+  except (ValueError, FileNotFoundError) as e:   # TextError is a ValueError
     fail(f"error: {e}")
   use_cpu_devices(8)
   from pdjax import serving
   from pdjax.engine.cluster import build_instances, enable_compile_cache, host_params
   from pdjax.engine.options import EngineOptions
-  from pdjax.request import Request, SamplingParams
+  from pdjax.request import Request, SamplingParams, Status
 
-  enable_compile_cache(_CACHE.value)
-  max_prompt = max((len(p) for _, p, _ in prompts), default=1)
-  page = _PAGE_SIZE.value
-  max_model_len = -(-(max_prompt + _MAX_NEW.value) // page) * page
-  batch = min(_MAX_BATCH.value, max(len(prompts), 1))
-  opts = EngineOptions(page_size=page, num_pages=(max_model_len // page) * batch + 1,
-                       max_model_len=max_model_len,
-                       prefill_buckets=_powers_of_two_up_to(max_prompt, 16),
-                       max_prefill_seqs=4, decode_buckets=_powers_of_two_up_to(batch, 1),
-                       dtype=_DTYPE.value, seed=_SEED.value, attention_impl=_ATTENTION.value)
-  tiers = ([("colocated", 1, _TP.value)] if _MODE.value == "colocated" else
-           [("prefill", 1, _PREFILL_TP.value), ("decode", 1, _DECODE_TP.value)])
-  params = host_params(mcfg, checkpoint=_CHECKPOINT.value, seed=_SEED.value, dtype=_DTYPE.value)
-  instances = build_instances(tiers, mcfg, params, opts)
   sampling = SamplingParams(temperature=_TEMPERATURE.value, max_new_tokens=_MAX_NEW.value,
                             ignore_eos=_IGNORE_EOS.value)
-  requests = [Request(id=i, arrival_s=0.0, prompt_ids=ids,
-                      sampling=dataclasses.replace(sampling, seed=seed),
-                      eos_ids=mcfg.eos_token_ids) for i, ids, seed in prompts]
-  result = serving.serve(_MODE.value, instances, requests)
+  requests = [Request(id=p.id, arrival_s=0.0, prompt_ids=p.ids,
+                      sampling=dataclasses.replace(sampling, seed=p.seed), eos_ids=stop_ids)
+              for p in prompts]
+  for p, r in zip(prompts, requests):
+    if p.error:
+      r.finish(Status.REJECTED, 0.0, p.error)
+  served = [r for r in requests if not r.status.terminal]
+  duration = 0.0
+  if served:
+    enable_compile_cache(_CACHE.value)
+    max_prompt = max(len(r.prompt_ids) for r in served)
+    page = _PAGE_SIZE.value
+    max_model_len = -(-(max_prompt + _MAX_NEW.value) // page) * page
+    batch = min(_MAX_BATCH.value, len(served))
+    chunked = _MODE.value == "chunked"
+    opts = EngineOptions(
+        page_size=page, num_pages=(max_model_len // page) * batch + 1,
+        max_model_len=max_model_len,
+        prefill_buckets=_powers_of_two_up_to(max(max_prompt, _CHUNK.value if chunked else 1), 16),
+        max_prefill_seqs=batch + 1 if chunked else 4,
+        decode_buckets=_powers_of_two_up_to(batch, 1), dtype=_DTYPE.value, seed=_SEED.value,
+        attention_impl=_ATTENTION.value)
+    tiers = ([("prefill", 1, _PREFILL_TP.value), ("decode", 1, _DECODE_TP.value)]
+             if _MODE.value == "disaggregated" else [("colocated", 1, _TP.value)])
+    params = host_params(mcfg, checkpoint=_CHECKPOINT.value, seed=_SEED.value,
+                         dtype=_DTYPE.value)
+    instances = build_instances(tiers, mcfg, params, opts)
+    mode = "disaggregated" if _MODE.value == "disaggregated" else "colocated"
+    result = serving.serve(mode, instances, served,
+                           policies=_policies(_MODE.value, opts, _CHUNK.value))
+    by_id = {r.id: r for r in result.requests}
+    requests = [by_id.get(r.id, r) for r in requests]
+    duration = result.duration_s
   with open(_OUTPUT.value, "w") as f:
-    for r in result.requests:
-      row = {"id": r.id, "output_ids": r.output_ids}
-      if r.status.value != "finished":
-        row.update(status=r.status.value, reason=r.reason)
-      f.write(json.dumps(row) + "\n")
-  generated = sum(len(r.output_ids) for r in result.requests)
-  print(f"generated {generated} tokens for {len(requests)} prompts in {result.duration_s:.2f} s: "
-        f"{generated / max(result.duration_s, 1e-9):.1f} tok/s")
+    for r in requests:
+      f.write(json.dumps(output_row(r, tokenizer)) + "\n")
+      if r.status is not Status.FINISHED:
+        print(f"request {r.id}: {r.status.value}: {r.reason}", file=sys.stderr)
+  generated = sum(len(r.output_ids) for r in requests)
+  print(f"generated {generated} tokens for {len(requests)} prompts in {duration:.2f} s: "
+        f"{generated / max(duration, 1e-9):.1f} tok/s")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,16 @@ class Request:
     t = self.token_times
     return [b - a for a, b in zip(t, t[1:])]
 
+  @property
+  def finish_reason(self) -> str | None:
+    """Why a finished request stopped: "stop" (it generated a stop token, counted unless
+    ignore_eos) or "length" (max_new_tokens); None until it finished."""
+    if self.status is not Status.FINISHED:
+      return None
+    stopped = (not self.sampling.ignore_eos and bool(self.output_ids)
+               and self.output_ids[-1] in self.eos_ids)
+    return "stop" if stopped else "length"
+
   def add_token(self, token: int, now_s: float) -> bool:
     """Appends a generated token; returns True when the request is done (EOS or length)."""
     self.output_ids.append(int(token))

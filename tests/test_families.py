@@ -216,3 +216,16 @@ def test_sliding_window_is_refused_below_max_model_len(models, tmp_path):
   off = _write_config(qwen, tmp_path / "q2", use_sliding_window=True, sliding_window=32,
                       max_window_layers=2, layer_types=None)
   assert config_from_hf(off, max_model_len=96).sliding_window is None
+
+
+def test_config_validation_refuses_a_window_shorter_than_kv_max_model_len(models, tmp_path):
+  """The run's config check applies the window against kv.max_model_len: one line, no jax."""
+  from pdjax import config as config_lib
+  mistral, _ = models("mistral")
+  windowed = _write_config(mistral, tmp_path / "w", sliding_window=64)
+  cfg = config_lib.load_config_module("configs/default.py").get_config("smoke")
+  cfg.model.checkpoint, cfg.kv.max_model_len = windowed, 128
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  assert str(e.value) == ("model.checkpoint: sliding_window=64 is smaller than "
+                          "max_model_len=128 (sliding-window attention is not implemented)")

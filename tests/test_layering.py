@@ -10,7 +10,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HOST_LOGIC = ["pdjax/scheduler", "pdjax/kv", "pdjax/request.py", "pdjax/metrics",
-              "pdjax/workload", "pdjax/faults"]
+              "pdjax/workload", "pdjax/faults", "pdjax/text"]
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -28,6 +28,7 @@ def get_config(arg=None):
   c.model = ml_collections.ConfigDict()
   c.model.preset = "tiny"                  # used when model.checkpoint is empty
   c.model.checkpoint = ""                  # local Hugging Face folder (config.json + safetensors)
+  c.model.tokenizer = ""                   # folder with tokenizer.json; "" = model.checkpoint
   c.model.dtype = "float32"                # float32 | bfloat16
   c.model.attention_impl = "auto"          # auto (Pallas on TPU/GPU, XLA on CPU) | pallas | xla
 

@@ -1,0 +1,9 @@
+"""Text in, text out: a checkpoint folder's tokenizer, chat template and stop tokens.
+
+Host logic (no jax): `tokenizer.Tokenizer` wraps `tokenizers` with the folder's special tokens,
+`chat` renders its chat template as transformers does, `stops` reads the EOS ids generation
+stops at, `prompts` turns `pdjax.generate` input lines into token ids, and `from_gguf` makes an
+ordinary Hugging Face folder out of a GGUF file (SmolLM2, offline).
+"""
+
+from pdjax.text.tokenizer import TextError, Tokenizer  # noqa: F401  (re-exports)
