@@ -151,8 +151,11 @@ def main(argv) -> None:
         attention_impl=_ATTENTION.value)
     tiers = ([("prefill", 1, _PREFILL_TP.value), ("decode", 1, _DECODE_TP.value)]
              if _MODE.value == "disaggregated" else [("colocated", 1, _TP.value)])
-    params = host_params(mcfg, checkpoint=_CHECKPOINT.value, seed=_SEED.value,
-                         dtype=_DTYPE.value)
+    try:   # a checkpoint missing a tensor (KeyError) or holding a stray one (ValueError)
+      params = host_params(mcfg, checkpoint=_CHECKPOINT.value, seed=_SEED.value,
+                           dtype=_DTYPE.value)
+    except (KeyError, ValueError) as e:
+      fail(f"error: {e.args[0]}")
     instances = build_instances(tiers, mcfg, params, opts)
     mode = "disaggregated" if _MODE.value == "disaggregated" else "colocated"
     result = serving.serve(mode, instances, served,

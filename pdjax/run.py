@@ -183,9 +183,12 @@ def main(argv) -> None:
 
   enable_compile_cache(cfg.compile_cache_dir)
   workdir = WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
-  params = (None if cfg.backend == "sim" else
-            host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
-                        dtype=cfg.model.dtype))
+  try:   # a checkpoint missing a tensor (KeyError) or holding a stray one (ValueError)
+    params = (None if cfg.backend == "sim" else
+              host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
+                          dtype=cfg.model.dtype))
+  except (KeyError, ValueError) as e:
+    fail(f"config error: {e.args[0]}")
   runs = config_lib.modes(cfg)
   summaries, results = {}, {}
   for run in runs:

@@ -229,3 +229,26 @@ def test_config_validation_refuses_a_window_shorter_than_kv_max_model_len(models
     config_lib.validate(cfg)
   assert str(e.value) == ("model.checkpoint: sliding_window=64 is smaller than "
                           "max_model_len=128 (sliding-window attention is not implemented)")
+
+
+def test_a_checkpoint_missing_a_tensor_is_one_line_from_the_cli(tmp_path):
+  """Bad input at load time (a tensor missing from the safetensors): exit 2 with one line
+  naming the tensor and the folder, no traceback."""
+  import subprocess
+  import sys
+  from safetensors.numpy import load_file, save_file
+  from conftest import make_hf_llama
+  make_hf_llama(tmp_path / "ckpt")
+  (shard,) = [p for p in os.listdir(tmp_path / "ckpt") if p.endswith(".safetensors")]
+  tensors = load_file(str(tmp_path / "ckpt" / shard))
+  del tensors["model.layers.1.mlp.up_proj.weight"]
+  save_file(tensors, str(tmp_path / "ckpt" / shard), metadata={"format": "pt"})
+  proc = subprocess.run(
+      [sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
+       f"--config.model.checkpoint={tmp_path / 'ckpt'}", "--config.kv.max_model_len=256",
+       "--config.progress=False", f"--workdir={tmp_path / 'out'}"],
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f"config error: model.checkpoint: tensor model.layers.1.mlp.up_proj.weight missing from "
+      f"{tmp_path / 'ckpt'}")
