@@ -1,6 +1,10 @@
 """Parameter load time, HF safetensors vs pdjax orbax, onto 4 instances x TP2 (8 CPU devices).
 
   python benchmarks/load_time.py [--workdir=/tmp/pdjax_load_time] [--reps=3] [--dtype=float32]
+  python benchmarks/load_time.py --hf=~/.cache/pdjax/smollm2/hf --tp=1   # a real HF folder
+
+With --hf, that folder is timed (converted once into --workdir) instead of the random model,
+on 4 instances x --tp (SmolLM2's 3 kv heads allow TP1 or TP3).
 
 Makes (once, kept in --workdir) a random SmolLM2-135M-sized Llama saved by transformers in
 bfloat16 (vocab 49152, hidden 576, 30 layers, MLP 1536, tied embeddings; 8 heads / 4 kv heads
@@ -22,10 +26,7 @@ import subprocess
 import sys
 import time
 
-TIERS = [("colocated", 4, 2)]
-
-
-def child(checkpoint: str, dtype: str) -> None:
+def child(checkpoint: str, dtype: str, tp: int) -> None:
   """One timed load in this (fresh) process; prints a JSON line."""
   os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
   import jax
@@ -36,7 +37,7 @@ def child(checkpoint: str, dtype: str) -> None:
   from pdjax.models.llama_config import config_from_hf
   from pdjax.models import hf_loader  # noqa: F401
   mcfg = config_from_hf(checkpoint)
-  specs = mesh_lib.split_devices(jax.devices(), TIERS)
+  specs = mesh_lib.split_devices(jax.devices(), [("colocated", 4, tp)])
   rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   t0 = time.perf_counter()
   params = host_params(mcfg, checkpoint=checkpoint, seed=0, dtype=dtype)
@@ -50,9 +51,11 @@ def child(checkpoint: str, dtype: str) -> None:
                     "device_mib": device_bytes / 2**20}))
 
 
-def make_checkpoints(workdir: str) -> tuple[str, str, float]:
-  hf, orbax = os.path.join(workdir, "hf"), os.path.join(workdir, "orbax")
-  if not os.path.isfile(os.path.join(hf, "config.json")):
+def make_checkpoints(workdir: str, given_hf: str = "") -> tuple[str, str, float]:
+  hf = given_hf or os.path.join(workdir, "hf")
+  orbax = os.path.join(workdir, "orbax_" + os.path.basename(os.path.normpath(hf))
+                       if given_hf else "orbax")
+  if not given_hf and not os.path.isfile(os.path.join(hf, "config.json")):
     import torch
     import transformers
     cfg = transformers.LlamaConfig(
@@ -81,20 +84,24 @@ def main() -> None:
   ap.add_argument("--workdir", default="/tmp/pdjax_load_time")
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  ap.add_argument("--child", nargs=2, metavar=("CHECKPOINT", "DTYPE"), help=argparse.SUPPRESS)
+  ap.add_argument("--hf", default="", help="an HF folder to time instead of the random model")
+  ap.add_argument("--tp", type=int, default=2)
+  ap.add_argument("--child", nargs=3, metavar=("CHECKPOINT", "DTYPE", "TP"),
+                  help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.child:
-    return child(*args.child)
+    return child(args.child[0], args.child[1], int(args.child[2]))
   os.makedirs(args.workdir, exist_ok=True)
-  hf, orbax, convert_s = make_checkpoints(args.workdir)
+  hf, orbax, convert_s = make_checkpoints(args.workdir, os.path.expanduser(args.hf))
   runs = {"hf": [], "orbax": []}
   for rep in range(args.reps):   # alternate the order: drift hits both formats alike
     for fmt in (("hf", "orbax") if rep % 2 == 0 else ("orbax", "hf")):
       path = hf if fmt == "hf" else orbax
-      out = subprocess.run([sys.executable, __file__, "--child", path, args.dtype],
+      out = subprocess.run([sys.executable, __file__, "--child", path, args.dtype,
+                            str(args.tp)],
                            capture_output=True, text=True, check=True).stdout
       runs[fmt].append(json.loads(out.strip().splitlines()[-1]))
-  print(f"4 instances x TP2, model.dtype={args.dtype}, median of {args.reps}; convert "
+  print(f"4 instances x TP{args.tp}, model.dtype={args.dtype}, median of {args.reps}; convert "
         f"{convert_s:.1f} s (nan: reused)")
   print(f"{'format':<8}{'on disk MiB':>13}{'load s':>9}{'tries s':>22}{'peak RSS +MiB':>15}"
         f"{'on devices MiB':>16}")
