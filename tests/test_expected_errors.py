@@ -49,15 +49,20 @@ def test_every_transfer_failing_with_one_device_error_fails_the_run():
     driver.run([_req(0, 4, 3), _req(1, 4, 3)])
 
 
-def test_one_device_error_among_landed_transfers_is_recovered_quietly():
+def _fails_once():
+  """A transfer function whose first attempt fails with a DeviceError; later ones land."""
   calls = []
 
-  def flaky(*_):
+  def transfer(*_):
     calls.append(1)
     if len(calls) == 1:
       raise DeviceError("link reset")
     return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
+  return transfer
 
+
+def test_one_device_error_among_landed_transfers_is_recovered_quietly():
+  flaky = _fails_once()
   a, b = _disagg(flaky).run([_req(0, 4, 3), _req(1, 4, 3)]).requests
   assert [r.status for r in (a, b)] == [Status.FINISHED] * 2
   assert a.output_ids == b.output_ids == [104, 105, 106] and a.fallbacks == []
@@ -70,14 +75,7 @@ def test_a_failed_transfer_gives_its_decode_slot_back(monkeypatch, leak):
   from pdjax.scheduler.worker import Worker as RealWorker
   if leak:
     monkeypatch.setattr(RealWorker, "release", lambda self, req: None)
-  calls = []
-
-  def flaky(*_):
-    calls.append(1)
-    if len(calls) == 1:
-      raise DeviceError("link reset")
-    return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
-
+  flaky = _fails_once()
   clock = ManualClock()
   p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
   driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode", max_batch=1)],
