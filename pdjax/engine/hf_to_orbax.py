@@ -19,7 +19,7 @@ import os
 import shutil
 
 from pdjax.models import orbax_checkpoint as ocp_lib
-from pdjax.models.llama_config import LlamaConfig, config_from_hf  # noqa: F401
+from pdjax.models.llama_config import LlamaConfig, config_from_hf
 
 
 # Copied next to params/ so the folder is a self-contained model (tokenizer included).
