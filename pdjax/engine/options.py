@@ -24,7 +24,8 @@ class EngineOptions:
 
   @property
   def transfer_buckets(self) -> tuple[int, ...]:
-    """Powers of two up to pages_per_seq: a transfer moves at most 2x the pages it needs."""
+    """Powers of two up to pages_per_seq: the piece sizes a transfer is cut into (37 pages
+    move as 32 + 4 + 1), so it moves exactly the pages it needs from programs compiled ahead."""
     out, n = [], 1
     while n < self.pages_per_seq:
       out.append(n)

@@ -10,6 +10,12 @@ from the destination's (another spec or TP degree), JAX falls back to
 `shard_sharded_device_array_slow_path`, which may materialise the array on the host
 (`x._value`). Single-device pieces always take the direct device-to-device copy.
 
+Exact sizes, fixed shapes: every program is compiled ahead of time for the transfer buckets
+(powers of two, then pages_per_seq), so a transfer of k pages is split into pieces whose sizes
+are buckets and sum to k (`transfer_pieces`: 37 = 32 + 4 + 1), each piece gathered, copied and
+scattered by its own bucket's programs. Only the pages needed move (padding one bucket would
+move up to 2x), at the cost of one dispatch per piece (at most log2(pages_per_seq) + 1).
+
 A runtime failure (jax.errors.JaxRuntimeError) while dispatching or landing is raised as
 `DeviceError`; a page-count mismatch or a size beyond the buckets stays a ValueError.
 """
@@ -22,7 +28,6 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from pdjax.engine import batch as batch_lib
 from pdjax.engine import programs
 from pdjax.engine.runtime import device_errors
 from pdjax.kv.transfer_result import TransferResult
@@ -73,27 +78,49 @@ def compile_scatter(dst, n: int):
                       donate=(0,))
 
 
-class PendingTransfer:
-  """A transfer dispatched but maybe not landed: ready() once the pages are on the destination
-  mesh; result() waits for that and reports bytes and seconds since dispatch (as observed:
-  the scheduler polls, so this includes up to one loop turn)."""
+def transfer_pieces(buckets: tuple[int, ...], k: int) -> list[int]:
+  """Bucket sizes summing to exactly k, largest first, fewest for power-of-two buckets (greedy:
+  the largest bucket that fits, then the rest). buckets sorted ascending, starting at 1."""
+  if k > buckets[-1]:
+    raise ValueError(f"{k} exceeds the largest bucket {buckets[-1]}")
+  pieces, left = [], k
+  for size in reversed(buckets):
+    while size <= left:
+      pieces.append(size)
+      left -= size
+  if left:
+    raise ValueError(f"{k} pages are not a sum of the buckets {buckets}")
+  return pieces
 
-  def __init__(self, pages, start: float):
-    self.pages, self.start = pages, start
+
+class PendingTransfer:
+  """A transfer dispatched but maybe not landed: ready() once every piece is on the destination
+  mesh; result() waits for that and reports the bytes moved (all pieces) and seconds since
+  dispatch (as observed: the scheduler polls, so this includes up to one loop turn).
+  bytes_needed: what the pages asked for hold (None when not given)."""
+
+  def __init__(self, pages, start: float, bytes_needed: int | None = None):
+    self.pieces = list(pages) if isinstance(pages, (list, tuple)) else [pages]
+    self.start, self.bytes_needed = start, bytes_needed
     self._seconds: float | None = None
+
+  @property
+  def bytes_moved(self) -> int:
+    return sum(int(p.nbytes) for p in self.pieces)
 
   def ready(self) -> bool:
     with device_errors():
-      if self._seconds is None and self.pages.is_ready():
+      if self._seconds is None and all(p.is_ready() for p in self.pieces):
         self._seconds = time.perf_counter() - self.start
     return self._seconds is not None
 
   def result(self) -> TransferResult:
     if self._seconds is None:
       with device_errors():
-        self.pages.block_until_ready()
+        for p in self.pieces:
+          p.block_until_ready()
       self._seconds = time.perf_counter() - self.start
-    return TransferResult(bytes=int(self.pages.nbytes), seconds=self._seconds)
+    return TransferResult(bytes=self.bytes_moved, seconds=self._seconds)
 
 
 def transfer_kv_async(src, src_pages: list[int], dst, dst_pages: list[int]) -> PendingTransfer:
@@ -103,9 +130,13 @@ def transfer_kv_async(src, src_pages: list[int], dst, dst_pages: list[int]) -> P
   source pages must stay allocated until the transfer is ready."""
   if len(src_pages) != len(dst_pages):
     raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
-  n = batch_lib.pick_bucket(src.opts.transfer_buckets, len(src_pages))
-  return _dispatch(src, batch_lib.page_id_batch(src.geom, src_pages, n, pad_with_drop=False),
-                   dst, batch_lib.page_id_batch(dst.geom, dst_pages, n, pad_with_drop=True))
+  sizes = transfer_pieces(src.opts.transfer_buckets, len(src_pages))
+  bounds = np.cumsum([0] + sizes)
+  src_ids, dst_ids = np.asarray(src_pages, np.int32), np.asarray(dst_pages, np.int32)
+  pending = _dispatch(src, [src_ids[a:b] for a, b in zip(bounds, bounds[1:])],
+                      dst, [dst_ids[a:b] for a, b in zip(bounds, bounds[1:])])
+  pending.bytes_needed = len(src_pages) * page_bytes(dst)
+  return pending
 
 
 def transfer_kv(src, src_pages: list[int], dst, dst_pages: list[int]) -> TransferResult:
@@ -114,28 +145,40 @@ def transfer_kv(src, src_pages: list[int], dst, dst_pages: list[int]) -> Transfe
   return transfer_kv_async(src, src_pages, dst, dst_pages).result()
 
 
+def page_bytes(inst) -> int:
+  """Bytes of one page of an instance's pool: k and v, every layer and kv head."""
+  layers, kvh, _, ps, d = inst.kv_pool_shape
+  return 2 * layers * kvh * ps * d * np.dtype(inst.dtype).itemsize
+
+
 def warm_up_transfers(src, dst) -> None:
   """Runs every transfer bucket once with destination ids all out of range (nothing written),
   so first-copy costs between these two sub-meshes fall in warm-up."""
   for n in src.opts.transfer_buckets:
-    _move(src, np.zeros(n, np.int32), dst, np.full(n, dst.geom.num_pages, np.int32))
+    _dispatch(src, [np.zeros(n, np.int32)], dst,
+              [np.full(n, dst.geom.num_pages, np.int32)]).result()
 
 
-def _move(src, src_ids: np.ndarray, dst, dst_ids: np.ndarray) -> TransferResult:
-  return _dispatch(src, src_ids, dst, dst_ids).result()
-
-
-def _dispatch(src, src_ids: np.ndarray, dst, dst_ids: np.ndarray) -> PendingTransfer:
+def _dispatch(src, src_ids: list[np.ndarray], dst, dst_ids: list[np.ndarray]) -> PendingTransfer:
+  """One piece per (src_ids, dst_ids) pair, each of a bucket's size: every gather first, one
+  device-to-device copy of all their single-device outputs, then each piece's scatter."""
   start = time.perf_counter()
-  n = len(src_ids)
-  gather, plan = src._gather[(n, dst.tp)]
   layers, kvh, _, ps, d = dst.kv_pool_shape
+  dst_devices = list(dst.mesh.devices.flat)
   with device_errors():
-    outs = gather(src.kv, src_ids)
-    pieces = [next(s.data for s in outs[i].addressable_shards if s.device == device)
-              for i, device in plan]
-    moved = jax.device_put(pieces, list(dst.mesh.devices.flat))   # device -> device, per piece
-    pages = jax.make_array_from_single_device_arrays(
-        (2, layers, kvh, n, ps, d), NamedSharding(dst.mesh, PAGES_SPEC), moved)
-    dst.kv = dst._scatter[n](dst.kv, pages, dst_ids)
-  return PendingTransfer(pages, start)
+    shards = []
+    for ids in src_ids:
+      gather, plan = src._gather[(len(ids), dst.tp)]
+      outs = gather(src.kv, ids)
+      shards += [next(s.data for s in outs[i].addressable_shards if s.device == device)
+                 for i, device in plan]
+    moved = jax.device_put(shards, dst_devices * len(src_ids))   # device -> device, per shard
+    landed = []
+    for p, ids in enumerate(dst_ids):
+      n = len(ids)
+      pages = jax.make_array_from_single_device_arrays(
+          (2, layers, kvh, n, ps, d), NamedSharding(dst.mesh, PAGES_SPEC),
+          moved[p * len(dst_devices):(p + 1) * len(dst_devices)])
+      dst.kv = dst._scatter[n](dst.kv, pages, ids)
+      landed.append(pages)
+  return PendingTransfer(landed, start)

@@ -118,10 +118,10 @@ class CalibratedCost:
     return self.decode(_pad(self.decode_buckets, len(contexts)), sum(contexts))
 
   def moved_pages(self, num_pages: int) -> int:
-    return _pad(self.transfer_buckets, num_pages)
+    return num_pages   # the engine moves exactly the pages, in bucket-sized pieces
 
   def transfer_s(self, num_bytes: float) -> float:
-    return self.transfer(num_bytes)   # sim_transfer pads to the bucket (moved_pages)
+    return self.transfer(num_bytes)
 
 
 def save_profile(path: str, profile: dict) -> None:
