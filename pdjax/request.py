@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import typing
 import zlib
 
 
@@ -24,6 +25,13 @@ class Status(str, enum.Enum):
   @property
   def terminal(self) -> bool:
     return self in (Status.FINISHED, Status.REJECTED, Status.FAILED, Status.CANCELLED)
+
+
+class PendingToken(typing.NamedTuple):
+  """A step row's input token that is not on the host yet: row `row` of the tokens sampled by
+  the step still in flight on the same instance (overlapped scheduling). The instance feeds it
+  to the next program straight from the device; the host learns it one step later."""
+  row: int
 
 
 @dataclasses.dataclass(frozen=True)

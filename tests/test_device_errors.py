@@ -37,7 +37,7 @@ def inst(tiny_model):
 
 
 def test_failed_step_dispatch_is_a_device_error(inst, monkeypatch):
-  monkeypatch.setitem(inst._prefill, 32, lambda params, kv, b: (_failing(), kv))
+  monkeypatch.setitem(inst._prefill, 32, lambda params, kv, b, prev: (_failing(), kv))
   with pytest.raises(DeviceError, match=r"^JaxRuntimeError: INTERNAL: CpuCallback error") as e:
     inst.prefill([([5, 6, 7], 0, [0], 0.0, 1)])
   assert type(e.value.__cause__) is jax.errors.JaxRuntimeError

@@ -4,6 +4,13 @@ Host-only (numpy, no jax). Shapes are fixed per bucket so the programs never rec
 prefill pads the packed tokens to a token bucket and the sequences to `max_seqs`; decode pads
 the batch to a batch-size bucket. Padding tokens get an out-of-range KV slot, which the device
 scatter drops, so padding never touches a real page.
+
+An input token may be a `PendingToken(row)`: the token the previous step on the instance
+sampled in that row, still on the device. Its `prev_rows` entry names the row (-1: the token
+is in `tokens`), and the program takes it from the previous step's output.
+
+`pack` flattens a batch into one int32 buffer (float32 fields bitcast), so a step moves its
+metadata to the device in one transfer; the program unpacks it by the batch's static `layout`.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import bisect
 import dataclasses
 
 import numpy as np
+
+from pdjax.request import PendingToken
 
 
 def pick_bucket(buckets: tuple[int, ...], n: int) -> int:
@@ -53,6 +62,7 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int) -
   if total > num_tokens:
     raise ValueError(f"{total} tokens exceed the bucket of {num_tokens}")
   tokens = np.zeros(num_tokens, np.int32)
+  prev_rows = np.full(num_tokens, -1, np.int32)
   positions = np.zeros(num_tokens, np.int32)
   slot_mapping = np.full(num_tokens, geom.pad_slot, np.int32)
   kv_lens = np.zeros(max_seqs, np.int32)
@@ -63,7 +73,10 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int) -
   seeds = np.zeros(max_seqs, np.int32)
   for i, (ids, start, pages, temperature, seed) in enumerate(seqs):
     n = len(ids)
-    tokens[at:at + n] = ids
+    if n == 1 and isinstance(ids[0], PendingToken):
+      prev_rows[at] = ids[0].row
+    else:
+      tokens[at:at + n] = ids
     positions[at:at + n] = np.arange(start, start + n)
     slot_mapping[at:at + n] = geom.slots(pages, start, start + n)
     kv_lens[i] = start + n
@@ -73,10 +86,10 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int) -
     at += n
     cu_q_lens[i + 1] = at
   cu_q_lens[len(seqs) + 1:] = at
-  return dict(tokens=tokens, positions=positions, slot_mapping=slot_mapping, kv_lens=kv_lens,
-              page_indices=page_indices, cu_q_lens=cu_q_lens,
-              num_seqs=np.array([len(seqs)], np.int32), temperatures=temperatures,
-              seeds=seeds)
+  return dict(tokens=tokens, prev_rows=prev_rows, positions=positions,
+              slot_mapping=slot_mapping, kv_lens=kv_lens, page_indices=page_indices,
+              cu_q_lens=cu_q_lens, num_seqs=np.array([len(seqs)], np.int32),
+              temperatures=temperatures, seeds=seeds)
 
 
 def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
@@ -85,6 +98,7 @@ def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
   if len(seqs) > batch_size:
     raise ValueError(f"{len(seqs)} sequences exceed the batch bucket {batch_size}")
   tokens = np.zeros(batch_size, np.int32)
+  prev_rows = np.full(batch_size, -1, np.int32)
   positions = np.zeros(batch_size, np.int32)
   slot_mapping = np.full(batch_size, geom.pad_slot, np.int32)
   lengths = np.ones(batch_size, np.int32)
@@ -92,15 +106,31 @@ def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
   temperatures = np.zeros(batch_size, np.float32)
   seeds = np.zeros(batch_size, np.int32)
   for i, (token, pos, pages, temperature, seed) in enumerate(seqs):
-    tokens[i] = token
+    if isinstance(token, PendingToken):
+      prev_rows[i] = token.row
+    else:
+      tokens[i] = token
     positions[i] = pos
     slot_mapping[i] = geom.slots(pages, pos, pos + 1)[0]
     lengths[i] = pos + 1
     page_indices[i] = geom.table(pages)
     temperatures[i] = temperature
     seeds[i] = seed
-  return dict(tokens=tokens, positions=positions, slot_mapping=slot_mapping, lengths=lengths,
-              page_indices=page_indices, temperatures=temperatures, seeds=seeds)
+  return dict(tokens=tokens, prev_rows=prev_rows, positions=positions,
+              slot_mapping=slot_mapping, lengths=lengths, page_indices=page_indices,
+              temperatures=temperatures, seeds=seeds)
+
+
+def layout(batch: dict) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+  """The static description `pack` flattens by: (name, shape, dtype) per field, in order."""
+  return tuple((k, v.shape, v.dtype.name) for k, v in batch.items())
+
+
+def pack(batch: dict) -> np.ndarray:
+  """One int32 buffer holding every field of the batch (float32 fields bitcast), in `layout`
+  order."""
+  return np.concatenate([np.ascontiguousarray(v).view(np.int32).ravel()
+                         for v in batch.values()])
 
 
 def page_id_batch(geom: PageGeometry, pages: list[int], bucket: int, *, pad_with_drop: bool):

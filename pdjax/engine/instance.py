@@ -1,8 +1,10 @@
 """One serving instance: a device sub-mesh, its sharded params, its KV page pool, its programs.
 
-The driver sees a narrow interface (JetStream-like): `prefill(seqs)` and `decode(seqs)` dispatch a
-jitted step asynchronously and return a `PendingTokens` whose `.result()` blocks for the host
-tokens; `tables` is the host-side block-table bookkeeping for this instance's pool. Every program
+The driver sees a narrow interface (JetStream-like): `prefill(seqs, prev)` and `decode(seqs,
+prev)` dispatch a jitted step asynchronously and return a `PendingTokens` whose `.result()`
+blocks for the host tokens. A row's input token may be a `PendingToken(row)` of `prev`, the step
+still in flight here: its sampled tokens go from one program to the next on the device, so the
+driver can dispatch step N+1 before step N's tokens reach the host (`device_tokens`); `tables` is the host-side block-table bookkeeping for this instance's pool. Every program
 is compiled ahead of time, once per bucket, in `warm_up()`; calls go straight to the compiled
 executables, so the steady state cannot recompile (a shape outside the buckets raises).
 A runtime failure (jax.errors.JaxRuntimeError) of a dispatch or of a result is raised as
@@ -12,6 +14,7 @@ A runtime failure (jax.errors.JaxRuntimeError) of a dispatch or of a result is r
 from __future__ import annotations
 
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +33,17 @@ from pdjax.models.llama_config import LlamaConfig
 
 class PendingTokens:
   """Tokens of a dispatched step; `result()` waits for them and returns the first `n`. A step
-  that failed on the device raises DeviceError from either."""
+  that failed on the device raises DeviceError from either. `build_s` and `dispatch_s`: host
+  seconds spent building the step's metadata and launching it."""
 
-  def __init__(self, tokens, n: int):
+  def __init__(self, tokens, n: int, build_s: float = 0.0, dispatch_s: float = 0.0):
     self._tokens, self._n = tokens, n
+    self.build_s, self.dispatch_s = build_s, dispatch_s
+
+  @property
+  def device_tokens(self):
+    """The sampled tokens on the device (int32 [token_rows]), for the next step's input."""
+    return self._tokens
 
   def ready(self) -> bool:
     with device_errors():
@@ -58,6 +68,8 @@ def place_params(mesh, params):
 
 class Instance:
 
+  device_tokens = True   # steps take PendingToken inputs: the driver may overlap steps
+
   def __init__(self, spec: mesh_lib.InstanceSpec, cfg: LlamaConfig, params,
                opts: EngineOptions):
     """params: a host pytree or a checkpoint restorer (see `place_params`)."""
@@ -75,6 +87,8 @@ class Instance:
     self.kv = jax.jit(lambda: (jnp.zeros(pool, self.dtype), jnp.zeros(pool, self.dtype)),
                       out_shardings=self._kv_sh)()
     self.kv_pool_shape = pool
+    self.token_rows = max(max(opts.decode_buckets), opts.max_prefill_seqs)
+    self._no_prev = jax.device_put(np.zeros(self.token_rows, np.int32), self._rep)
     self.compiles = 0              # programs compiled by XLA
     self.compiles_from_cache = 0   # programs a compilation cache served (persistent or
                                    # jax's in-process one)
@@ -95,13 +109,16 @@ class Instance:
     return compiled
 
   def _step_program(self, fn, mode, example_batch):
+    """A step program for the bucket of `example_batch`: (params, kv, packed batch, previous
+    tokens) -> (tokens [token_rows], kv), KV donated."""
     model = Llama(self.cfg, mode=mode, dtype=self.dtype,
                   attention=attn_lib.resolve_impl(self.opts.attention_impl, self.mesh))
-    batch_sh = jax.tree_util.tree_map(lambda _: self._rep, example_batch)
-    return self._compile(functools.partial(fn, model=model, seed=self.opts.seed),
-                         (self.params, self.kv, example_batch),
-                         (self._param_sh, self._kv_sh, batch_sh), (self._rep, self._kv_sh),
-                         donate=(1,))
+    step = functools.partial(fn, model=model, seed=self.opts.seed,
+                             layout=batch_lib.layout(example_batch), token_rows=self.token_rows)
+    return self._compile(step, (self.params, self.kv, batch_lib.pack(example_batch),
+                                self._no_prev),
+                         (self._param_sh, self._kv_sh, self._rep, self._rep),
+                         (self._rep, self._kv_sh), donate=(1,))
 
   def warm_up(self, *, prefill: bool, decode: bool, transfer_to_tp: tuple[int, ...] = (),
               receive: bool = False) -> None:
@@ -128,27 +145,34 @@ class Instance:
   def _run_once(self, compiled, padding_batch) -> None:
     """Executes a step on an all-padding batch (it writes no page) so that first-call costs
     (allocations, thread pools) fall in warm-up, not in the first request's TTFT."""
-    tokens, self.kv = compiled(self.params, self.kv, padding_batch)
+    tokens, self.kv = compiled(self.params, self.kv, batch_lib.pack(padding_batch),
+                               self._no_prev)
     tokens.block_until_ready()
 
   # ---- steps -------------------------------------------------------------------------------
 
-  def prefill(self, seqs) -> PendingTokens:
+  def prefill(self, seqs, prev: PendingTokens | None = None) -> PendingTokens:
     """The ragged step: seqs is a list of (token_ids, start, pages, temperature, seed) — whole
-    prompts, prompt chunks after a cached prefix, or one-token decode rows (mixed batches).
-    Dispatches without waiting; the result holds each sequence's next token."""
+    prompts, prompt chunks after a cached prefix, or one-token decode rows (mixed batches; the
+    token may be a PendingToken of `prev`). Dispatches without waiting; the result holds each
+    sequence's next token."""
+    t0 = time.perf_counter()
     n = batch_lib.pick_bucket(self.opts.prefill_buckets, sum(len(s[0]) for s in seqs))
-    b = batch_lib.prefill_batch(self.geom, seqs, num_tokens=n,
-                                max_seqs=self.opts.max_prefill_seqs)
-    with device_errors():
-      tokens, self.kv = self._prefill[n](self.params, self.kv, b)
-    return PendingTokens(tokens, len(seqs))
+    flat = batch_lib.pack(batch_lib.prefill_batch(self.geom, seqs, num_tokens=n,
+                                                  max_seqs=self.opts.max_prefill_seqs))
+    return self._launch(self._prefill[n], flat, prev, len(seqs), t0)
 
-  def decode(self, seqs) -> PendingTokens:
-    """seqs: list of (last_token, position, pages, temperature, seed). Dispatches without
-    waiting."""
+  def decode(self, seqs, prev: PendingTokens | None = None) -> PendingTokens:
+    """seqs: list of (last_token, position, pages, temperature, seed); last_token may be a
+    PendingToken of `prev`. Dispatches without waiting."""
+    t0 = time.perf_counter()
     n = batch_lib.pick_bucket(self.opts.decode_buckets, len(seqs))
-    b = batch_lib.decode_batch(self.geom, seqs, batch_size=n)
+    flat = batch_lib.pack(batch_lib.decode_batch(self.geom, seqs, batch_size=n))
+    return self._launch(self._decode[n], flat, prev, len(seqs), t0)
+
+  def _launch(self, program, flat, prev, n: int, t0: float) -> PendingTokens:
+    t1 = time.perf_counter()
     with device_errors():
-      tokens, self.kv = self._decode[n](self.params, self.kv, b)
-    return PendingTokens(tokens, len(seqs))
+      tokens, self.kv = program(self.params, self.kv, flat,
+                                self._no_prev if prev is None else prev.device_tokens)
+    return PendingTokens(tokens, n, build_s=t1 - t0, dispatch_s=time.perf_counter() - t1)

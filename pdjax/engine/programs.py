@@ -17,30 +17,57 @@ from pdjax.engine.sampling import row_keys, sample
 from pdjax.models.llama import Llama
 
 
-def prefill(params, kv, batch, *, model: Llama, seed: int):
+def unpack(flat, layout):
+  """The batch dict from `batch.pack`'s int32 buffer: static slices, float32 fields bitcast."""
+  out, at = {}, 0
+  for name, shape, dtype in layout:
+    n = int(np.prod(shape, dtype=np.int64))
+    v = flat[at:at + n].reshape(shape)
+    out[name] = v if dtype == "int32" else jax.lax.bitcast_convert_type(v, jnp.dtype(dtype))
+    at += n
+  return out
+
+
+def input_tokens(batch, prev_tokens):
+  """The step's input tokens: from the batch, or, where prev_rows >= 0, the previous step's
+  sampled token in that row (still on the device: overlapped scheduling)."""
+  rows = batch["prev_rows"]
+  return jnp.where(rows >= 0, prev_tokens[jnp.maximum(rows, 0)], batch["tokens"])
+
+
+def _padded(tokens, token_rows: int):
+  """Every step returns `token_rows` tokens, so any step's output can feed any next step."""
+  return jnp.zeros(token_rows, jnp.int32).at[:tokens.shape[0]].set(tokens)
+
+
+def prefill(params, kv, flat, prev_tokens, *, model: Llama, seed: int, layout, token_rows: int):
   """Writes the prompts' KV into the pools and samples each sequence's first token.
 
-  Returns (tokens int32 [max_seqs], kv). Rows past batch["num_seqs"] are padding. A sequence
-  of kv_len tokens samples the token at position kv_len (keyed by its seed and that position).
+  flat: the packed batch (see pdjax.engine.batch); prev_tokens int32 [token_rows]: the
+  previous step's output. Returns (tokens int32 [token_rows], kv). Rows past
+  batch["num_seqs"] are padding. A sequence of kv_len tokens samples the token at position
+  kv_len (keyed by its seed and that position).
   """
+  batch = unpack(flat, layout)
   meta = {k: batch[k] for k in ("positions", "slot_mapping", "kv_lens", "page_indices",
                                  "cu_q_lens", "num_seqs")}
   last = jnp.maximum(batch["cu_q_lens"][1:] - 1, 0)
-  logits, kv = model.apply(params, batch["tokens"], kv, meta, last)
+  logits, kv = model.apply(params, input_tokens(batch, prev_tokens), kv, meta, last)
   keys = row_keys(seed, batch["seeds"], batch["kv_lens"])
-  return sample(logits, batch["temperatures"], keys), kv
+  return _padded(sample(logits, batch["temperatures"], keys), token_rows), kv
 
 
-def decode(params, kv, batch, *, model: Llama, seed: int):
+def decode(params, kv, flat, prev_tokens, *, model: Llama, seed: int, layout, token_rows: int):
   """One decode step for a batch of sequences: appends one token's KV, samples the next token.
 
-  Returns (tokens int32 [batch], kv). The token sampled goes at position + 1 = lengths.
+  Returns (tokens int32 [token_rows], kv). The token sampled goes at position + 1 = lengths.
   """
+  batch = unpack(flat, layout)
   meta = {k: batch[k] for k in ("positions", "slot_mapping", "lengths", "page_indices")}
   rows = jnp.arange(batch["tokens"].shape[0])
-  logits, kv = model.apply(params, batch["tokens"], kv, meta, rows)
+  logits, kv = model.apply(params, input_tokens(batch, prev_tokens), kv, meta, rows)
   keys = row_keys(seed, batch["seeds"], batch["lengths"])
-  return sample(logits, batch["temperatures"], keys), kv
+  return _padded(sample(logits, batch["temperatures"], keys), token_rows), kv
 
 
 def gather_pages(kv, page_ids):

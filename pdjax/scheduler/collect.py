@@ -2,9 +2,14 @@
 completed prefill either starts decoding where it is or joins the transfer queue; every
 sampled token is appended, finishing requests at EOS or max_new_tokens (pages freed, their
 full pages named for the prefix cache). A DeviceError fails only the step's requests.
+With overlap, the step dispatched ahead becomes the one in flight; its rows for requests that
+finished at this step (EOS, a cancel, a failure) are dropped when it is collected, so no
+token past a stop is ever emitted.
 A mixin of `Driver`; pure Python."""
 
 from __future__ import annotations
+
+import time
 
 from pdjax.request import Request, Status
 from pdjax.scheduler.errors import DeviceError
@@ -14,22 +19,30 @@ from pdjax.scheduler.worker import Worker
 class Collect:
 
   def _collect(self, w: Worker) -> None:
-    step, w.inflight = w.inflight, None
+    step, w.inflight, w.ahead = w.inflight, w.ahead, None
     self._touch(w)
     plan = step.plan
+    done_s, t0 = self.clock.now(), time.perf_counter()   # the step was observed done
     try:
       tokens = step.pending.result()
     except DeviceError as e:
       self._fail_plan(w, plan, f"{step.kind} step failed on {w.name}: {type(e).__name__}: {e}")
       return
-    now = self.clock.now()
+    now, readback_s = self.clock.now(), time.perf_counter() - t0
+    if w.inflight is not None:    # the step dispatched ahead runs from now on
+      w.inflight.start_s = max(w.inflight.start_s, now)
     w.measure(step, now)
+    pending = step.pending
     self.steps.append({"instance": w.name, "role": w.role, "kind": step.kind,
                        "start_s": step.start_s, "end_s": now,
                        "num_seqs": len(plan.chunks) + len(plan.decodes),
-                       "num_tokens": plan.num_tokens})
+                       "num_tokens": plan.num_tokens, "ahead": step.ahead,
+                       "dispatched_s": step.dispatched_s, "done_s": done_s,
+                       "plan_s": step.plan_s, "dispatch_s": step.dispatch_s,
+                       "build_s": getattr(pending, "build_s", 0.0), "readback_s": readback_s,
+                       "host_wait_s": self._host_wait(w, step)})
     for (req, _, end), token in zip(plan.chunks, tokens):
-      if id(req) in self._cancels:
+      if id(req) in self._cancels or req.status.terminal:
         continue                       # cancelled while in flight: dropped next turn
       req.num_computed_tokens = end
       w.tables.cache_computed(req.id, end, now)
@@ -57,10 +70,18 @@ class Collect:
         self._held_since[id(req)] = now
         self._maybe_cancel(req, "transfer_wait")
     for req, token in zip(plan.decodes, tokens[len(plan.chunks):]):
-      if id(req) in self._cancels:
-        continue
+      if id(req) in self._cancels or req.status.terminal:
+        continue                       # (terminal: it stopped at the step before this one)
       if not self._non_finite(w, req, token, now) and not self._emit(w, req, token, now):
         self._maybe_cancel(req, "decode", len(req.output_ids))
+    # Nothing in flight while work is left: the device waits for the host from `done_s` (the
+    # readback, this collection, the next plan and dispatch) — what overlap removes.
+    w.host_wait_from = done_s if w.inflight is None and (w.running or w.waiting) else None
+
+  def _host_wait(self, w: Worker, step) -> float:
+    """Seconds the instance sat idle with work to do before `step` was dispatched."""
+    since, w.host_wait_from = w.host_wait_from, None
+    return 0.0 if since is None or step.ahead else max(step.start_s - since, 0.0)
 
   def _non_finite(self, w: Worker, req: Request, token: int, now: float) -> bool:
     """A negative token is the engine's mark for non-finite logits: the request fails."""

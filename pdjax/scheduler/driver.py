@@ -63,6 +63,8 @@ class DriverOptions:
   transfer_timeout_s: float = 0.0     # an attempt stalled longer fails (0: no timeout)
   lease_s: float = 0.0       # prefill-side KV no decode instance pulled is reclaimed (0: never)
   debug: bool = False        # check every invariant after every loop turn
+  overlap: bool = True       # dispatch a worker's next step before its decode step's tokens
+                             # reach the host (instances with `device_tokens`; see steps.py)
 
 
 @dataclasses.dataclass
@@ -158,8 +160,13 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
       self._poll_transfers()
       touched, self._touched = sorted(self._touched), set()
       for i in touched:                # worker order, as the policies' tie-breaks expect
-        if self.workers[i].inflight is None and not self.workers[i].dead:
-          self._dispatch(self.workers[i])
+        w = self.workers[i]
+        if w.dead:
+          continue
+        if w.inflight is None:
+          self._dispatch(w)
+        if self._can_dispatch_ahead(w):
+          self._dispatch(w, ahead=True)
       inflight = [w for w in self.workers if w.inflight is not None]
       wake = self._wake_s()
       for w in self._wait_any(inflight, wake):
@@ -254,6 +261,8 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
     now = self.clock.now()
     self._touch(w)
     for r in [req for req, _, _ in plan.chunks] + plan.decodes:
+      if r.status.terminal:            # stopped at the step before (overlap) or failed with it
+        continue
       w.forget(r)
       if r.id in w.tables:
         w.tables.free(r.id, now)

@@ -107,9 +107,9 @@ class Recovery:
   def _inflight_ids(self) -> set[int]:
     ids = set(self._in_transfer)
     for w in self.workers:
-      if w.inflight is not None:
-        ids.update(id(r) for r, _, _ in w.inflight.plan.chunks)
-        ids.update(id(r) for r in w.inflight.plan.decodes)
+      for step in w.steps_in_flight():
+        ids.update(id(r) for r, _, _ in step.plan.chunks)
+        ids.update(id(r) for r in step.plan.decodes)
     return ids
 
   def _apply_cancels(self) -> None:
@@ -225,7 +225,7 @@ class Recovery:
     if w in self._draining:
       self._draining.remove(w)
       w.draining_to = None
-    w.inflight = None                      # its step's results are lost with the device
+    w.inflight = w.ahead = None            # its steps' results are lost with the device
     victims = list(w.waiting) + list(w.running)
     lost = [(r, s) for r, s in self.transfer_queue if s is w]
     lost += [(r, s) for r, s in self._retrying.values() if s is w]

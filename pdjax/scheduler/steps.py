@@ -2,12 +2,22 @@
 pages (and, when they stay, their decode slot), decoding sequences grow by one slot each —
 preempting the newest running sequence when the pool is full — and the step is launched
 without waiting. No step larger than the worker's largest compiled bucket is ever launched.
+
+Overlap: on an instance whose steps take device-resident input tokens (`device_tokens`), the
+driver dispatches the next step while a decode step is still in flight (`ahead=True`). Its
+rows for requests decoding in that step take their input token from its output on the device
+(`PendingToken(row)`) at the next position; a request whose token in flight is its last
+(max_new_tokens) gets no row, and one that turns out to stop there (EOS) has its extra row's
+token dropped when collected. A step dispatched ahead never preempts: when the pool is full it
+is not dispatched, and the step after the collection preempts as usual.
 A mixin of `Driver`; pure Python."""
 
 from __future__ import annotations
 
+import time
+
 from pdjax.kv.pages import OutOfPages
-from pdjax.request import Request, Status
+from pdjax.request import PendingToken, Request, Status
 from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.policies.base import StepPlan
 from pdjax.scheduler.worker import SlowPending, Step, Worker
@@ -15,10 +25,16 @@ from pdjax.scheduler.worker import SlowPending, Step, Worker
 
 class Steps:
 
-  def _dispatch(self, w: Worker) -> None:
+  def _dispatch(self, w: Worker, ahead: bool = False) -> None:
+    t0 = time.perf_counter()
+    rows = w.inflight.token_rows() if ahead else {}   # requests whose input token is pending
     plan = self.policies.step.plan(w, admit=lambda r: self._allocate_prefill(w, r))
-    if plan.decodes:
-      self._ensure_decode_slots(w, plan)
+    # A request being cancelled gets no new row (while a step holds it, it is not dropped);
+    # nor does one whose token in flight is its last (max_new_tokens).
+    plan.decodes = [r for r in plan.decodes if id(r) not in self._cancels and (
+        id(r) not in rows or len(r.output_ids) + 1 < r.sampling.max_new_tokens)]
+    if plan.decodes and not self._ensure_decode_slots(w, plan, rows, preempt=not ahead):
+      return
     if plan.empty:
       return
     self._check_step_size(w, plan)
@@ -30,30 +46,51 @@ class Steps:
         req.status = Status.PREFILLING
       self._maybe_cancel(req, "prefill")
     table = w.tables.block_table
-    decode_rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
-                    r.sampling.temperature, r.sampling_seed) for r in plan.decodes]
+    decode_rows = []
+    for r in plan.decodes:
+      if id(r) in rows:    # its input is the token in flight, one position on
+        token, pos = PendingToken(rows[id(r)]), r.prompt_len + len(r.output_ids)
+      else:
+        token, pos = r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1
+      decode_rows.append((token, pos, table(r.id), r.sampling.temperature, r.sampling_seed))
+    prev = (getattr(w.inflight.pending, "inner", w.inflight.pending),) if ahead else ()
     if plan.chunks:
       kind = "mixed" if plan.decodes else "prefill"
       seqs = [(req.prefill_tokens[start:end], start, table(req.id), req.sampling.temperature,
                req.sampling_seed) for req, start, end in plan.chunks]
       seqs += [([tok], pos, pages, t, seed) for tok, pos, pages, t, seed in decode_rows]
-      call = lambda: w.instance.prefill(seqs)
+      call = lambda: w.instance.prefill(seqs, *prev)
     else:
-      kind, call = "decode", lambda: w.instance.decode(decode_rows)
+      kind, call = "decode", lambda: w.instance.decode(decode_rows, *prev)
     self.samples.append({"t": now, "instance": w.name, "role": w.role,
                          "queued": w.num_waiting(), "running": len(w.running),
                          "kv_pages_used": w.tables.num_used_pages,
                          "kv_pages_total": w.total_pages(),
                          "kv_pages_cached": w.tables.num_cached_idle_pages,
                          "kv_slots_unused": w.tables.num_unused_slots})
+    t1 = time.perf_counter()
     try:
       pending, slow = call(), self.injector.slow_factor(w.name, now)
+      t2 = time.perf_counter()
       if slow > 1:
         self.injector.injected["slow_step"] += 1
         pending = SlowPending(pending, now, slow, self.clock)
-      w.inflight = Step(plan, pending, now, kind)
+      launched = self.clock.now()
+      step = Step(plan, pending, launched, kind, plan_s=t1 - t0, dispatch_s=t2 - t1,
+                  ahead=ahead, dispatched_s=launched)
+      if ahead:
+        w.ahead = step
+      else:
+        w.inflight = step
     except DeviceError as e:  # a device failure fails the step's requests, never the run
       self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
+
+  def _can_dispatch_ahead(self, w: Worker) -> bool:
+    """Whether the next step may be dispatched now, before the step in flight is collected:
+    only after a decode step (its requests' next positions are known; a prefill chunk's
+    progress is settled at collection) on an instance whose steps take device tokens."""
+    return (self.opts.overlap and w.inflight is not None and w.ahead is None
+            and not w.inflight.plan.chunks and getattr(w.instance, "device_tokens", False))
 
   def _check_step_size(self, w: Worker, plan: StepPlan) -> None:
     """No instance ever plans a step larger than its largest compiled bucket: such a step
@@ -85,23 +122,29 @@ class Steps:
       r.cached_tokens = cached
     return True
 
-  def _ensure_decode_slots(self, w: Worker, plan: StepPlan) -> None:
-    """Grows each decoding sequence's block table by the slot its next token needs; when the
-    pool is full, preempts the newest running sequence (recompute later) until it fits."""
+  def _ensure_decode_slots(self, w: Worker, plan: StepPlan, pending: dict,
+                           preempt: bool = True) -> bool:
+    """Grows each decoding sequence's block table by the slot its next token needs (one more
+    for a request whose token is `pending` in flight); when the pool is full, preempts the
+    newest running sequence (recompute later) until it fits. Without `preempt` (a step
+    dispatched ahead) a full pool returns False instead."""
     preempted: set[int] = set()
     for r in list(plan.decodes):
       if id(r) in preempted:
         continue
       while True:
         try:
-          w.tables.extend(r.id, r.prompt_len + len(r.output_ids))
+          w.tables.extend(r.id, r.prompt_len + len(r.output_ids) + (id(r) in pending))
           break
         except OutOfPages:
+          if not preempt:
+            return False
           victim = next((v for v in reversed(w.running) if v is not r), r)
           self._preempt(w, victim, plan)
           preempted.add(id(victim))
           if victim is r:
             break
+    return True
 
   def _preempt(self, w: Worker, victim: Request, plan: StepPlan) -> None:
     w.tables.free(victim.id, self.clock.now())

@@ -22,8 +22,19 @@ EWMA = 0.3   # weight of the newest measurement in the measured rates
 class Step:
   plan: object                # policies.StepPlan
   pending: object             # has ready() and result() -> list[int]
-  start_s: float
+  start_s: float              # dispatched; for a step dispatched ahead, moved to when the
+                              # step before it was collected (when its device work began)
   kind: str                   # "prefill" | "decode" | "mixed"
+  plan_s: float = 0.0         # host seconds: the step policy's plan and page bookkeeping
+  dispatch_s: float = 0.0     # host seconds: building the metadata and launching the program
+  ahead: bool = False         # dispatched before the previous step's tokens reached the host
+  dispatched_s: float = 0.0   # when its launch returned (start_s may move later: see above)
+
+  def token_rows(self) -> dict[int, int]:
+    """id(request) -> the row of its sampled token in this step's output."""
+    rows = {id(req): i for i, (req, _, _) in enumerate(self.plan.chunks)}
+    rows.update((id(req), len(self.plan.chunks) + i) for i, req in enumerate(self.plan.decodes))
+    return rows
 
 
 class SlowPending:
@@ -60,7 +71,10 @@ class Worker:
     self.waiting: deque[Request] = deque()    # need (re)prefill here, FCFS
     self.running: list[Request] = []          # decoding here
     self.reserved: dict[int, Request] = {}    # id(req) -> promised a decode slot, not running yet
-    self.inflight: Step | None = None
+    self.inflight: Step | None = None         # the oldest step in flight
+    self.ahead: Step | None = None            # the next one, dispatched before `inflight`'s
+                                              # tokens reached the host (overlap)
+    self.host_wait_from: float | None = None  # idle with work since (no step in flight)
     self.draining_to: str | None = None       # a pending role switch: takes no new work
     self.dead = False                         # killed (fault injection): no work, no routing
     self.prefill_tok_s: float | None = None   # measured, EWMA, per second of prefill step
@@ -129,7 +143,10 @@ class Worker:
 
   def drained(self) -> bool:
     return (not self.waiting and not self.running and not self.reserved
-            and self.inflight is None)
+            and self.inflight is None and self.ahead is None)
+
+  def steps_in_flight(self) -> list[Step]:
+    return [s for s in (self.inflight, self.ahead) if s is not None]
 
   def measure(self, step: Step, end_s: float) -> None:
     seconds = max(end_s - step.start_s, 1e-9)
