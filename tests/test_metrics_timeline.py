@@ -136,6 +136,7 @@ def test_summarize_extras():
   sw = [{"t": 1.0, "instance": "x", "from": "prefill", "to": "decode"}]
   ex = summarize_extras(REQS, duration_s=10.0, steps=STEPS, samples=SAMPLES,
                         role_switches=sw)
-  assert set(ex) == {"preemptions", "rejects_by_reason", "tiers", "role_switches"}
+  assert set(ex) == {"preemptions", "rejects_by_reason", "tiers", "role_switches",
+                     "host_overhead", "host_time"}
   assert ex["preemptions"] == 3 and ex["role_switches"] == sw
   assert ex["tiers"] == tier_stats(STEPS, SAMPLES, 10.0)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pdjax.metrics.host_time import host_overhead, host_time
 from pdjax.metrics.timeline import preemption_count, rejects_by_reason, tier_stats
 from pdjax.request import Request, Status
 
@@ -95,11 +96,14 @@ def summarize_extras(requests: Sequence[Request], *, duration_s: float,
                      role_switches: Sequence[dict] = ()) -> dict:
   """Optional sections beyond summarize()'s contract, to merge into the summary
   (summary.update(...)) or pass as write_run_files(extras=...): "preemptions" (int),
-  "rejects_by_reason" ({reason: count}), "tiers" (timeline.tier_stats) and
-  "role_switches" (the list as given)."""
+  "rejects_by_reason" ({reason: count}), "tiers" (timeline.tier_stats), "host_overhead"
+  ({tier: share of time its devices waited for the host}) and "host_time" (per-tier host
+  phase times; see pdjax.metrics.host_time) and "role_switches" (the list as given)."""
   return {
       "preemptions": preemption_count(requests),
       "rejects_by_reason": rejects_by_reason(requests),
       "tiers": tier_stats(steps, samples, duration_s),
+      "host_overhead": host_overhead(steps),
+      "host_time": host_time(steps),
       "role_switches": [dict(sw) for sw in role_switches],
   }

@@ -7,7 +7,10 @@ per role switch. Process 2 "requests": one thread per request (in the given orde
 transfer (the KV transfer gap), wait_decode (transfer end, or prefill end, -> decode
 start; only when positive) and decode (decode start -> finish); a phase with a None
 timestamp is left out. Rejected and failed requests get an instant event at finish_s.
-Page-pool occupancy is a counter track per instance on process 1. Timestamps are microseconds on the run's clock.
+Page-pool occupancy is a counter track per instance on process 1. Steps recorded with host
+timing (the driver's) add a "<instance> host" thread with the host's plan, dispatch and readback
+around each step, and "waiting for host" spans on the instance's thread where its device idled
+with work to do (pdjax.metrics.host_time). Timestamps are microseconds on the run's clock.
 """
 
 from __future__ import annotations
@@ -48,15 +51,41 @@ def instance_events(steps: Sequence[dict], role_switches: Sequence[dict]) -> lis
   tids = {n: i + 1 for i, n in enumerate(names)}
   events = [_meta("process_name", INSTANCES_PID, 0, "instances")]
   events += [_meta("thread_name", INSTANCES_PID, tids[n], n) for n in names]
+  timed = sorted({s["instance"] for s in steps if "dispatched_s" in s})
+  host = {n: len(names) + i + 1 for i, n in enumerate(timed)}
+  events += [_meta("thread_name", INSTANCES_PID, host[n], f"{n} host") for n in timed]
   for s in steps:
+    args = {"num_seqs": int(s["num_seqs"]), "num_tokens": int(s["num_tokens"])}
+    if "ahead" in s:
+      args["ahead"] = bool(s["ahead"])
     events.append(_span(s["kind"], "step", s["start_s"], s["end_s"], INSTANCES_PID,
-                        tids[s["instance"]],
-                        {"num_seqs": int(s["num_seqs"]), "num_tokens": int(s["num_tokens"])}))
+                        tids[s["instance"]], args))
+    if s["instance"] in host:
+      events += _host_phases(s, tids[s["instance"]], host[s["instance"]])
   for sw in role_switches:
     events.append(_instant(f"role {sw['from']}->{sw['to']}", "role_switch", sw["t"],
                            INSTANCES_PID, tids[sw["instance"]],
                            {"from": sw["from"], "to": sw["to"]}))
   return events
+
+
+def _host_phases(s: dict, tid: int, host_tid: int) -> list[dict]:
+  """The host's phases around a step (pdjax.metrics.host_time), on the instance's host track:
+  plan and dispatch before its launch, readback before its collection; the device's wait for
+  the host before a step, on the instance's own track."""
+  if "dispatched_s" not in s:   # recorded without host timing (e.g. a hand-written list)
+    return []
+  launched, out = s["dispatched_s"], []
+  phases = [("plan", launched - s["dispatch_s"] - s["plan_s"], launched - s["dispatch_s"]),
+            ("dispatch", launched - s["dispatch_s"], launched),
+            ("readback", s["end_s"] - s["readback_s"], s["end_s"])]
+  for name, start, end in phases:
+    if end > start:
+      out.append(_span(name, "host", start, end, INSTANCES_PID, host_tid, {}))
+  if s.get("host_wait_s", 0.0) > 0:
+    out.append(_span("waiting for host", "host_wait", s["start_s"] - s["host_wait_s"],
+                     s["start_s"], INSTANCES_PID, tid, {}))
+  return out
 
 
 def request_phases(r: Request) -> list[tuple[str, float, float, dict]]:
