@@ -49,6 +49,8 @@ _CACHE = flags.DEFINE_string("compile_cache_dir", "~/.cache/pdjax/xla",
 _ATTENTION = flags.DEFINE_enum("attention_impl", "auto", ["auto", "pallas", "xla"],
                                "Paged attention: auto = Pallas on TPU/GPU, XLA on CPU.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_OVERLAP = flags.DEFINE_boolean("overlap", True, "Dispatch the next step before a decode "
+                                "step's tokens reach the host (--nooverlap: wait for them).")
 
 
 def load_text(checkpoint: str, tokenizer_dir: str, mcfg):
@@ -123,6 +125,7 @@ def main(argv) -> None:
   from pdjax import serving
   from pdjax.engine.cluster import build_instances, enable_compile_cache, host_params
   from pdjax.engine.options import EngineOptions
+  from pdjax.metrics.host_time import host_overhead
   from pdjax.request import Request, SamplingParams, Status
 
   sampling = SamplingParams(temperature=_TEMPERATURE.value, max_new_tokens=_MAX_NEW.value,
@@ -158,8 +161,9 @@ def main(argv) -> None:
       fail(f"error: {e.args[0]}")
     instances = build_instances(tiers, mcfg, params, opts)
     mode = "disaggregated" if _MODE.value == "disaggregated" else "colocated"
-    result = serving.serve(mode, instances, served,
+    result = serving.serve(mode, instances, served, overlap=_OVERLAP.value,
                            policies=_policies(_MODE.value, opts, _CHUNK.value))
+    overhead = host_overhead(result.steps)
     by_id = {r.id: r for r in result.requests}
     requests = [by_id.get(r.id, r) for r in requests]
     duration = result.duration_s
@@ -169,6 +173,9 @@ def main(argv) -> None:
       if r.status is not Status.FINISHED:
         print(f"request {r.id}: {r.status.value}: {r.reason}", file=sys.stderr)
   generated = sum(len(r.output_ids) for r in requests)
+  if served:
+    print("host overhead (devices idle waiting for the host): " + ", ".join(
+        f"{role} {share * 100:.1f}%" for role, share in overhead.items() if share is not None))
   print(f"generated {generated} tokens for {len(requests)} prompts in {duration:.2f} s: "
         f"{generated / max(duration, 1e-9):.1f} tok/s")
 

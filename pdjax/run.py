@@ -111,7 +111,8 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                          transfer_retries=kv.transfer_retries,
                          transfer_backoff_s=kv.transfer_backoff_s,
                          transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
-                         debug=cfg.debug, **serve_kwargs)
+                         debug=cfg.debug, overlap=cfg.scheduler.get("overlap", True),
+                         **serve_kwargs)
   if cfg.debug and cfg.backend == "jax":
     from pdjax.engine.cluster import as_host   # an orbax checkpoint is read whole only here
     serving.check_outputs_alone(result.requests, mcfg, as_host(host_params),
