@@ -107,6 +107,12 @@ def _attend_blocks(qt, q_pos, kv_len, tables, k_pages, v_pages, max_kv, pages_pe
   return jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
 
 
+def _block_pages(block_tokens: int, page_size: int, pages_per_seq: int) -> int:
+  """Pages per block: block_tokens' worth, but never more than a block table holds (a short
+  max_model_len would otherwise gather a block of padding pages every step)."""
+  return max(1, min(block_tokens // page_size, pages_per_seq))
+
+
 def _padded_tables(page_indices, pages_per_block):
   """Pads the block table's columns (with page 0, never read unmasked) to whole blocks."""
   pad = -page_indices.shape[1] % pages_per_block
@@ -128,7 +134,7 @@ def paged_attention_xla(q, k_pages, v_pages, lengths, page_indices, *, sm_scale=
   kvh, _, page_size, _ = k_pages.shape
   g = h // kvh
   scale = d ** -0.5 if sm_scale is None else sm_scale
-  pages_per_block = max(1, _DECODE_BLOCK_TOKENS // page_size)
+  pages_per_block = _block_pages(_DECODE_BLOCK_TOKENS, page_size, page_indices.shape[1])
   tables = _padded_tables(page_indices, pages_per_block)
   qt = q.reshape(b, kvh, g, d).transpose(1, 0, 2, 3).astype(jnp.float32)   # [KVH, B, G, D]
   q_pos = jnp.broadcast_to((lengths - 1)[:, None], (b, g))
@@ -183,7 +189,7 @@ def ragged_paged_attention_xla(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
   num_tiles = tile_seq.shape[0]
   lo, hi = _RAGGED_BLOCK_TOKENS
   block = min(hi, max(lo, _pow2_floor(_RAGGED_SCORE_ELEMENTS // (num_tiles * q_tile * h))))
-  pages_per_block = max(1, block // page_size)
+  pages_per_block = _block_pages(block, page_size, page_indices.shape[1])
 
   q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
   local = (jnp.arange(num_tiles) - tile_start[tile_seq]) * q_tile        # [W] first row

@@ -145,23 +145,32 @@ def _widen(table, factor, rng, total_pages):
 
 
 def test_cost_follows_the_longest_sequence_not_the_table_width():
+  """A block is a static number of pages (capped by the table's width, so a short
+  max_model_len gathers no padding pages): past that cap, widening the block table changes
+  neither the result nor the largest intermediate."""
   rng = np.random.default_rng(0)
   q, k, v, lengths, table = decode_case(1, lengths=[5, 130, 700], page_size=16, head_dim=64,
                                         num_kv_heads=2, gqa=4, dtype=jnp.float32)
-  wide = _widen(table, 4, rng, k.shape[1])
+  wide, wider = _widen(table, 4, rng, k.shape[1]), _widen(table, 8, rng, k.shape[1])
   fn = kernels_pallas.paged_attention_xla
   assert "while" in str(jax.make_jaxpr(fn)(q, k, v, lengths, table))
-  np.testing.assert_array_equal(np.asarray(decode_xla(q, k, v, lengths, table)),
-                                np.asarray(decode_xla(q, k, v, lengths, wide)))
-  assert (_largest_float_intermediate(fn, q, k, v, lengths, table)
-          == _largest_float_intermediate(fn, q, k, v, lengths, wide))
+  np.testing.assert_array_equal(np.asarray(decode_xla(q, k, v, lengths, wide)),
+                                np.asarray(decode_xla(q, k, v, lengths, wider)))
+  assert (_largest_float_intermediate(fn, q, k, v, lengths, wide)
+          == _largest_float_intermediate(fn, q, k, v, lengths, wider))
 
   args = _ragged(*CASES[1])[0]
   wide_args = args[:4] + (_widen(args[4], 4, rng, args[1].shape[1]),) + args[5:]
+  wider_args = args[:4] + (_widen(args[4], 8, rng, args[1].shape[1]),) + args[5:]
   fn = kernels_pallas.ragged_paged_attention_xla
   assert "while" in str(jax.make_jaxpr(fn)(*args))
-  np.testing.assert_array_equal(np.asarray(ragged_xla(*args)), np.asarray(ragged_xla(*wide_args)))
-  assert _largest_float_intermediate(fn, *args) == _largest_float_intermediate(fn, *wide_args)
+  np.testing.assert_array_equal(np.asarray(ragged_xla(*wide_args)),
+                                np.asarray(ragged_xla(*wider_args)))
+  assert (_largest_float_intermediate(fn, *wide_args)
+          == _largest_float_intermediate(fn, *wider_args))
+  # A table narrower than a block makes a smaller block, not a padded one.
+  assert (_largest_float_intermediate(fn, *args)
+          < _largest_float_intermediate(fn, *wide_args))
 
 
 def _poison_unused(k_pages, v_pages, kv_lens, table):

@@ -28,11 +28,15 @@ def row_keys(run_seed: int, seeds, positions):
 
 def sample(logits, temperatures, keys):
   """logits float32 [B, V], temperatures float32 [B], keys: one PRNG key per row [B]
-  (`row_keys`) -> int32 [B]."""
+  (`row_keys`) -> int32 [B]. A batch with no sampled row skips the noise altogether (greedy
+  decoding pays for no random numbers)."""
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  safe_t = jnp.where(temperatures > 0, temperatures, 1.0)
-  scaled = logits / safe_t[:, None]
-  sampled = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, scaled)
-  sampled = sampled.astype(jnp.int32)
-  tokens = jnp.where(temperatures > 0, sampled, greedy)
+
+  def sampled():
+    safe_t = jnp.where(temperatures > 0, temperatures, 1.0)
+    scaled = logits / safe_t[:, None]
+    drawn = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, scaled)
+    return jnp.where(temperatures > 0, drawn.astype(jnp.int32), greedy)
+
+  tokens = jax.lax.cond(jnp.any(temperatures > 0), sampled, lambda: greedy)
   return jnp.where(jnp.all(jnp.isfinite(logits), axis=-1), tokens, NON_FINITE)

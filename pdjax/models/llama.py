@@ -10,6 +10,9 @@ share one set of weights:
   "decode":  one new token per sequence, attention over pages;
   "dense":   one sequence, full causal attention, no cache (the no-cache reference).
 Layers are stacked with `nn.scan` (one compiled layer body, fast compiles, params [layers, ...]).
+The KV pools [layers, ...] ride in the scan's carry and each layer writes its slots in place at
+its own index: passed as scanned inputs and outputs instead, XLA copies both whole pools on
+every step (on CPU that copy cost more than the tiny model's matmuls).
 """
 
 from __future__ import annotations
@@ -76,6 +79,22 @@ def apply_rope(x, positions, inv_freq):
   return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
+def write_layer_kv(k_pool, v_pool, layer, k, v, slot_mapping):
+  """Scatters one layer's new keys/values into the whole pools, in place.
+
+  k_pool, v_pool: [L, KVH, P, page_size, D]; layer: int32 scalar; k, v: [T, KVH, D];
+  slot_mapping: int32 [T] flat slots `page * page_size + offset`, out of range for padding
+  (dropped)."""
+  num_layers, kvh, num_pages, page_size, d = k_pool.shape
+
+  def scatter(pool, new):
+    flat = pool.reshape(num_layers, kvh, num_pages * page_size, d)
+    flat = flat.at[layer, :, slot_mapping].set(new.astype(pool.dtype), mode="drop")
+    return flat.reshape(pool.shape)
+
+  return scatter(k_pool, k), scatter(v_pool, v)
+
+
 class DecoderLayer(nn.Module):
   cfg: LlamaConfig
   mode: str
@@ -83,7 +102,10 @@ class DecoderLayer(nn.Module):
   attention: AttentionOps = AttentionOps()
 
   @nn.compact
-  def __call__(self, x, layer_kv, meta):
+  def __call__(self, carry, layer, meta):
+    """carry: (x [T, hidden], kv: () or the (k, v) pools [L, KVH, P, ps, D]); layer: this
+    layer's index into the pools."""
+    x, kv = carry
     cfg, dt = self.cfg, self.dtype
     dense = lambda feats, name, axis=-1: nn.DenseGeneral(
         feats, axis=axis, use_bias=False, dtype=dt, param_dtype=dt, name=name)
@@ -104,8 +126,8 @@ class DecoderLayer(nn.Module):
     if self.mode == "dense":
       out = xla_attention.dense_causal_attention(q, k, v)
     else:
-      k_pages, v_pages = xla_attention.write_kv(*layer_kv, k, v, meta["slot_mapping"])
-      layer_kv = (k_pages, v_pages)
+      kv = write_layer_kv(*kv, layer, k, v, meta["slot_mapping"])
+      k_pages, v_pages = kv[0][layer], kv[1][layer]
       if self.mode == "decode":
         out = self.attention.decode(q, k_pages, v_pages, meta["lengths"], meta["page_indices"])
       else:
@@ -118,7 +140,7 @@ class DecoderLayer(nn.Module):
     gate = dense(cfg.intermediate_size, "gate_proj")(h)
     up = dense(cfg.intermediate_size, "up_proj")(h)
     x = x + dense(cfg.hidden_size, "down_proj")(nn.silu(gate) * up)
-    return x, layer_kv
+    return (x, kv), None
 
 
 class Llama(nn.Module):
@@ -146,7 +168,8 @@ class Llama(nn.Module):
     x = embed(tokens)
     layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(0, nn.broadcast), length=cfg.num_layers)
-    x, kv = layers(cfg, self.mode, self.dtype, self.attention, name="layers")(x, kv, meta)
+    (x, kv), _ = layers(cfg, self.mode, self.dtype, self.attention, name="layers")(
+        (x, kv), jnp.arange(cfg.num_layers), meta)
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
     x = x[logits_indices]
     if cfg.tie_word_embeddings:
