@@ -103,7 +103,10 @@ def _attend_blocks(qt, q_pos, kv_len, tables, k_pages, v_pages, max_kv, pages_pe
 
   init = (jnp.full((kvh, w, r), -jnp.inf, jnp.float32), jnp.zeros((kvh, w, r), jnp.float32),
           jnp.zeros((kvh, w, r, d), jnp.float32))
-  _, l, acc = lax.fori_loop(0, num_blocks, body, init)
+  if tables.shape[1] == pages_per_block:   # one block holds every table: no loop to run
+    _, l, acc = body(0, init)
+  else:
+    _, l, acc = lax.fori_loop(0, num_blocks, body, init)
   return jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
 
 

@@ -42,3 +42,24 @@ def test_summary_report_and_table_show_both(tmp_path):
   row = next(line for line in compare_table({"a": s, "b": fresh}).splitlines()
              if line.startswith("compiles"))
   assert row.split() == ["compiles", "0", "(+14", "cached)", "11"]
+
+
+def test_lazy_compile_builds_only_the_buckets_a_run_uses(tiny_model):
+  """lazy_compile: no step program in warm-up; each bucket compiles on its first step, once,
+  and the tokens are the no-cache reference's."""
+  from pdjax import serving
+  from pdjax.engine import programs
+  from pdjax.request import Request, SamplingParams
+  cfg, params = tiny_model
+  opts = tiny_engine_options(**dict(OPTS, decode_buckets=(1, 2, 3)), lazy_compile=True)
+  [inst] = build_instances([("colocated", 1, 1)], cfg, params, opts)
+  assert (inst._prefill, inst._decode, inst.lazy_compiles) == ({}, {}, 0)
+  prompts = [[5, 9, 14], [7] * 11]
+  reqs = [Request(id=f"r{i}", arrival_s=0.0, prompt_ids=p,
+                  sampling=SamplingParams(max_new_tokens=6)) for i, p in enumerate(prompts)]
+  result = serving.serve("colocated", [inst], reqs)
+  # one prefill step of 14 tokens (bucket 24), then decode steps of 2 rows (bucket 2)
+  assert (sorted(inst._prefill), sorted(inst._decode), inst.lazy_compiles) == ([24], [2], 2)
+  assert inst.lazy_compile_s > 0
+  assert [r.output_ids for r in result.requests] == [
+      programs.reference_generate(params, cfg, p, 6) for p in prompts]

@@ -163,7 +163,8 @@ def test_cost_follows_the_longest_sequence_not_the_table_width():
   wide_args = args[:4] + (_widen(args[4], 4, rng, args[1].shape[1]),) + args[5:]
   wider_args = args[:4] + (_widen(args[4], 8, rng, args[1].shape[1]),) + args[5:]
   fn = kernels_pallas.ragged_paged_attention_xla
-  assert "while" in str(jax.make_jaxpr(fn)(*args))
+  assert "while" in str(jax.make_jaxpr(fn)(*wide_args))
+  assert "while" not in str(jax.make_jaxpr(fn)(*args))   # one block: no loop at all
   np.testing.assert_array_equal(np.asarray(ragged_xla(*wide_args)),
                                 np.asarray(ragged_xla(*wider_args)))
   assert (_largest_float_intermediate(fn, *wide_args)

@@ -6,7 +6,9 @@ blocks for the host tokens. A row's input token may be a `PendingToken(row)` of 
 still in flight here: its sampled tokens go from one program to the next on the device, so the
 driver can dispatch step N+1 before step N's tokens reach the host (`device_tokens`); `tables` is the host-side block-table bookkeeping for this instance's pool. Every program
 is compiled ahead of time, once per bucket, in `warm_up()`; calls go straight to the compiled
-executables, so the steady state cannot recompile (a shape outside the buckets raises).
+executables, so the steady state cannot recompile (a shape outside the buckets raises). With
+`EngineOptions.lazy_compile` a step bucket is compiled on its first use instead (counted in
+`lazy_compiles`; an offline run compiles only the buckets its batches need).
 A runtime failure (jax.errors.JaxRuntimeError) of a dispatch or of a result is raised as
 `DeviceError`, the one failure the driver survives; anything else propagates.
 """
@@ -92,6 +94,8 @@ class Instance:
     self.compiles = 0              # programs compiled by XLA
     self.compiles_from_cache = 0   # programs a compilation cache served (persistent or
                                    # jax's in-process one)
+    self.lazy_compiles = 0         # step programs compiled on first use (lazy_compile)
+    self.lazy_compile_s = 0.0      # seconds those compiles took (inside the serving loop)
     self._prefill, self._decode, self._gather, self._scatter = {}, {}, {}, {}
 
   # ---- compilation -------------------------------------------------------------------------
@@ -124,16 +128,12 @@ class Instance:
               receive: bool = False) -> None:
     """Compiles every bucket of the programs this instance's role needs."""
     o = self.opts
-    if prefill:
+    if prefill and not o.lazy_compile:
       for n in o.prefill_buckets:
-        b = batch_lib.prefill_batch(self.geom, [], num_tokens=n, max_seqs=o.max_prefill_seqs)
-        self._prefill[n] = self._step_program(programs.prefill, "prefill", b)
-        self._run_once(self._prefill[n], b)
-    if decode:
+        self._run_once(self._program("prefill", n), self._padding_batch("prefill", n))
+    if decode and not o.lazy_compile:
       for n in o.decode_buckets:
-        b = batch_lib.decode_batch(self.geom, [], batch_size=n)
-        self._decode[n] = self._step_program(programs.decode, "decode", b)
-        self._run_once(self._decode[n], b)
+        self._run_once(self._program("decode", n), self._padding_batch("decode", n))
     from pdjax.engine import transfer  # the transfer programs live beside their logic
     for dst_tp in transfer_to_tp:
       for n in o.transfer_buckets:
@@ -141,6 +141,21 @@ class Instance:
     if receive:
       for n in o.transfer_buckets:
         self._scatter[n] = transfer.compile_scatter(self, n)
+
+  def _padding_batch(self, kind: str, n: int) -> dict:
+    if kind == "prefill":
+      return batch_lib.prefill_batch(self.geom, [], num_tokens=n,
+                                     max_seqs=self.opts.max_prefill_seqs)
+    return batch_lib.decode_batch(self.geom, [], batch_size=n)
+
+  def _program(self, kind: str, n: int):
+    """The compiled step program of bucket n; compiled here on first use (warm-up, or a lazy
+    bucket's first step)."""
+    table = self._prefill if kind == "prefill" else self._decode
+    if n not in table:
+      fn = programs.prefill if kind == "prefill" else programs.decode
+      table[n] = self._step_program(fn, kind, self._padding_batch(kind, n))
+    return table[n]
 
   def _run_once(self, compiled, padding_batch) -> None:
     """Executes a step on an all-padding batch (it writes no page) so that first-call costs
@@ -160,7 +175,7 @@ class Instance:
     n = batch_lib.pick_bucket(self.opts.prefill_buckets, sum(len(s[0]) for s in seqs))
     flat = batch_lib.pack(batch_lib.prefill_batch(self.geom, seqs, num_tokens=n,
                                                   max_seqs=self.opts.max_prefill_seqs))
-    return self._launch(self._prefill[n], flat, prev, len(seqs), t0)
+    return self._launch(self._lazy("prefill", n), flat, prev, len(seqs), t0)
 
   def decode(self, seqs, prev: PendingTokens | None = None) -> PendingTokens:
     """seqs: list of (last_token, position, pages, temperature, seed); last_token may be a
@@ -168,7 +183,18 @@ class Instance:
     t0 = time.perf_counter()
     n = batch_lib.pick_bucket(self.opts.decode_buckets, len(seqs))
     flat = batch_lib.pack(batch_lib.decode_batch(self.geom, seqs, batch_size=n))
-    return self._launch(self._decode[n], flat, prev, len(seqs), t0)
+    return self._launch(self._lazy("decode", n), flat, prev, len(seqs), t0)
+
+  def _lazy(self, kind: str, n: int):
+    """The program of bucket n: compiled in warm-up, or now when lazy_compile and first used."""
+    table = self._prefill if kind == "prefill" else self._decode
+    if n not in table and self.opts.lazy_compile:
+      t0 = time.perf_counter()
+      program = self._program(kind, n)
+      self.lazy_compiles += 1
+      self.lazy_compile_s += time.perf_counter() - t0
+      return program
+    return table[n]
 
   def _launch(self, program, flat, prev, n: int, t0: float) -> PendingTokens:
     t1 = time.perf_counter()

@@ -17,6 +17,8 @@ class EngineOptions:
   dtype: str = "float32"
   seed: int = 0
   attention_impl: str = "auto"         # "auto" | "pallas" | "xla" (model.attention_impl)
+  lazy_compile: bool = False           # compile a step bucket on its first use instead of in
+                                       # warm-up (offline runs: unused buckets cost nothing)
 
   @property
   def pages_per_seq(self) -> int:
