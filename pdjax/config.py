@@ -244,8 +244,9 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(1 <= s.chunk_budget <= max(s.prefill_buckets), "scheduler.chunk_budget",
            s.chunk_budget, f"must be within [1, {max(s.prefill_buckets)}] (the largest "
            "prefill bucket)")
-  _require(isinstance(s.get("overlap", True), bool), "scheduler.overlap", s.get("overlap"),
-           "must be true or false")
+  overlap = s.get("overlap", "auto")
+  _require(overlap in (True, False) or str(overlap).lower() in ("auto", "true", "false"),
+           "scheduler.overlap", overlap, "must be true, false or 'auto'")
   _require(s.max_queue >= 1, "scheduler.max_queue", s.max_queue, "must be >= 1")
   h = s.get("admission_headroom", 1.0)
   _require(0 < h <= 1, "scheduler.admission_headroom", h, "must be in (0, 1]")

@@ -55,8 +55,9 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _LAZY = flags.DEFINE_boolean("lazy_compile", True, "Compile each step bucket on its first use "
                              "(only the buckets the batches need); --nolazy_compile compiles "
                              "every bucket before serving.")
-_OVERLAP = flags.DEFINE_boolean("overlap", True, "Dispatch the next step before a decode "
-                                "step's tokens reach the host (--nooverlap: wait for them).")
+_OVERLAP = flags.DEFINE_enum("overlap", "auto", ["auto", "on", "off"],
+                             "Dispatch the next step before a decode step's tokens reach the "
+                             "host: auto = on for TPU/GPU, off on CPU (see serving.py).")
 
 
 PREFILL_SEQS = 4             # whole prompts per prefill step (prefill_first)

@@ -38,6 +38,12 @@ def default_workdir(config_path: str) -> str:
   return os.path.join("results", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
+def _overlap(cfg):
+  """scheduler.overlap as serving.serve takes it (a command-line override arrives as text)."""
+  value = cfg.scheduler.get("overlap", "auto")
+  return value.lower() if isinstance(value, str) else value
+
+
 def policies_for(cfg, run: str, opts):
   """The scheduling policies of one run (run: colocated | chunked | disaggregated)."""
   from pdjax.scheduler import policies as policy_lib
@@ -111,7 +117,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                          transfer_retries=kv.transfer_retries,
                          transfer_backoff_s=kv.transfer_backoff_s,
                          transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
-                         debug=cfg.debug, overlap=cfg.scheduler.get("overlap", True),
+                         debug=cfg.debug, overlap=_overlap(cfg),
                          **serve_kwargs)
   if cfg.debug and cfg.backend == "jax":
     from pdjax.engine.cluster import as_host   # an orbax checkpoint is read whole only here

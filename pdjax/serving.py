@@ -29,8 +29,10 @@ def serve(mode: str, instances: list, requests: list[Request],
   always_disagg, no admission control, prefill_first, no role switching). clock and
   transfer_fn default to the real engine's (wall clock, device KV transfer); the simulator
   passes its virtual clock and simulated transfer. injector: a FaultInjector (default: no
-  faults); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...)."""
+  faults); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...; overlap
+  also takes "auto", the default: see `resolve_overlap`)."""
   opts = instances[0].opts
+  overrides["overlap"] = resolve_overlap(overrides.get("overlap", "auto"), instances)
   max_batch = max(opts.decode_buckets)
   workers = [Worker(inst, inst.role, max_batch) for inst in instances]
   if transfer_fn is None:
@@ -42,6 +44,23 @@ def serve(mode: str, instances: list, requests: list[Request],
   result = driver.run(requests, on_progress=on_progress)
   check_end_state(result, instances)
   return result
+
+
+def resolve_overlap(setting, instances: list) -> bool:
+  """scheduler.overlap: True / False, or "auto": on where every instance overlaps by default
+  (`overlap_by_default`: the real engine on TPU and GPU). On the CPU backend "auto" is off: with
+  a step queued behind another and KV transfers landing, jax's asynchronous CPU runtime hung
+  (a step that never became ready, every XLA thread idle) in 3 of 4 runs of
+  tests/test_faults_engine.py's slow-instance test; `True` still forces it there."""
+  setting = OVERLAP_SETTINGS.get(setting, setting) if isinstance(setting, str) else setting
+  if setting == "auto":
+    return all(getattr(i, "overlap_by_default", False) for i in instances)
+  if not isinstance(setting, bool):
+    raise ValueError(f"overlap must be true, false or 'auto', got {setting!r}")
+  return setting
+
+
+OVERLAP_SETTINGS = {"auto": "auto", "true": True, "on": True, "false": False, "off": False}
 
 
 def flush_tenant(instances: list, tenant: str, shared_salt: str = "") -> int:

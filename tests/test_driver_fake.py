@@ -232,3 +232,34 @@ def test_source_pages_are_freed_only_after_the_landing_is_observed():
     assert events == ["dispatch", "landed", "result", "free"], rid
     assert [held for i, held in in_flight if i == rid] == [True] * 3, rid
   assert p.tables.num_used_pages == 0 and d.tables.num_used_pages == 0
+
+
+def test_a_step_that_never_completes_ends_in_a_dead_instance_not_a_hang():
+  """A device that stops answering (its step never ready) is treated as dead after
+  step_timeout_s of wall time: with no other instance the request fails with the reason."""
+  import time as _time
+  from fake_engine import FakePending
+  from pdjax.scheduler.clock import WallClock
+
+  class Hung(FakePending):
+    def ready(self):
+      return False
+
+  class HungInstance(FakeInstance):
+    def prefill(self, seqs):
+      return Hung(self.clock, 0.0, [0] * len(seqs))
+
+  clock = WallClock()
+  inst = HungInstance("colocated-0", clock)
+  driver = Driver("colocated", [Worker(inst, "colocated")], clock=clock,
+                  options=dataclasses.replace(OPTS, step_timeout_s=0.05))
+  t0 = _time.perf_counter()
+  result = driver.run([_req(0, 5, 3)])
+  assert _time.perf_counter() - t0 < 5
+  [r] = result.requests
+  assert r.status is Status.FAILED
+  assert r.reason == ("colocated-0 hung (a step not done in 0.05 s) and no live instance is "
+                      "left in the colocated tier")
+  assert result.faults["instances_killed"] == 1 and "kill_instance" not in result.faults[
+      "injected"]
+  assert inst.tables.num_free_pages == inst.tables.allocator.num_pages

@@ -114,3 +114,15 @@ def test_engine_overlap_matches_the_reference_and_stops_exactly(tiny_model):
     ahead = [s for s in result.steps if s["ahead"]]
     assert (len(ahead) > 0) == overlap
     assert serving.kv_pages_leaked(instances) == 0
+
+
+def test_auto_overlap_is_off_on_the_cpu_backend_and_on_elsewhere(tiny_model):
+  cfg, params = tiny_model
+  cpu = build_instances([("colocated", 1, 1)], cfg, params, tiny_engine_options())
+  assert cpu[0].overlap_by_default is False
+  assert serving.resolve_overlap("auto", cpu) is False
+  assert serving.resolve_overlap("on", cpu) is True
+  accelerator = [dataclasses.make_dataclass("A", [("overlap_by_default", bool)])(True)]
+  assert serving.resolve_overlap("auto", accelerator) is True
+  with pytest.raises(ValueError, match="^overlap must be true, false or 'auto', got 'yes'$"):
+    serving.resolve_overlap("yes", cpu)

@@ -67,8 +67,9 @@ def get_config(arg=None):
   c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)
   c.scheduler.role_switch = "none"              # none|queue_balance
   c.scheduler.chunk_budget = 128                # tokens per chunked-prefill step
-  c.scheduler.overlap = True                    # dispatch the next step before a decode step's
-                                                #   tokens reach the host (real engine)
+  c.scheduler.overlap = "auto"                  # dispatch the next step before a decode step's
+                                                #   tokens reach the host: auto (TPU/GPU on,
+                                                #   CPU off) | true | false
   c.scheduler.length_threshold = 128            # length_hybrid, prefix_hybrid (uncached part)
   c.scheduler.saturation = 0.9                  # load_hybrid: decode tier "full" at this share
   c.scheduler.admission_headroom = 1.0           # predicted_slo: admit within this x the SLO

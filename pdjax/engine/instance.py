@@ -90,6 +90,8 @@ class Instance:
                       out_shardings=self._kv_sh)()
     self.kv_pool_shape = pool
     self.token_rows = max(max(opts.decode_buckets), opts.max_prefill_seqs)
+    # scheduler.overlap "auto" turns overlap on here (see serving.resolve_overlap for CPU)
+    self.overlap_by_default = spec.devices[0].platform != "cpu"
     self._no_prev = jax.device_put(np.zeros(self.token_rows, np.int32), self._rep)
     self.compiles = 0              # programs compiled by XLA
     self.compiles_from_cache = 0   # programs a compilation cache served (persistent or

@@ -25,6 +25,7 @@ Host logic only: instances are passed in; tests drive this loop with fake instan
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import deque
 
@@ -63,6 +64,8 @@ class DriverOptions:
   transfer_timeout_s: float = 0.0     # an attempt stalled longer fails (0: no timeout)
   lease_s: float = 0.0       # prefill-side KV no decode instance pulled is reclaimed (0: never)
   debug: bool = False        # check every invariant after every loop turn
+  step_timeout_s: float = 300.0   # a device step not done after this long (wall clock) means
+                                  # a hung device: the instance is treated as dead (0: never)
   overlap: bool = True       # dispatch a worker's next step before its decode step's tokens
                              # reach the host (instances with `device_tokens`; see steps.py)
 
@@ -228,7 +231,20 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
       if ready or (wake is not None and self.clock.now() >= wake) or \
           any(t.ready() for *_, t in self._pending_transfers):
         return ready
+      if self._hung(inflight):
+        return []
       time.sleep(POLL_S)
+
+  def _hung(self, inflight: list[Worker]) -> bool:
+    """Kills every instance whose step has not completed within step_timeout_s: a device (or
+    its runtime) that stopped answering must end the run's wait, not hang it."""
+    limit, now = self.opts.step_timeout_s, self.clock.now()
+    hung = [w for w in inflight if limit and now - w.inflight.start_s > limit]
+    for w in hung:
+      logging.warning("%s: a %s step has not completed in %.0f s; treating the instance as "
+                      "dead", w.name, w.inflight.kind, limit)
+      self._kill(w, why=f"hung (a step not done in {limit:g} s)", injected=False)
+    return bool(hung)
 
   # Admission (pdjax/scheduler/admission.py), step dispatch (steps.py), step collection
   # (collect.py), KV transfers (transfers.py), recovery (recovery.py) and the invariant checks

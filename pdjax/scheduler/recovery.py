@@ -215,13 +215,16 @@ class Recovery:
 
   # ---- dead instances ----------------------------------------------------------------------
 
-  def _kill(self, w) -> None:
+  def _kill(self, w, why: str = "died", injected: bool = True) -> None:
+    """w is lost (an injected kill, or a step that never completed): its requests are
+    recomputed on live instances of its tier, or fail when none is left."""
     if w.dead:
       return
     now = self.clock.now()
     w.dead, self._tiers = True, None
     self.fault_counts["instances_killed"] += 1
-    self.injector.injected["kill_instance"] += 1
+    if injected:
+      self.injector.injected["kill_instance"] += 1
     if w in self._draining:
       self._draining.remove(w)
       w.draining_to = None
@@ -239,9 +242,9 @@ class Recovery:
       self._drop_everywhere(r)
       role = w.role if w.role != "prefill" or not r.output_ids else "decode"
       self._recompute_on(r, role, FALLBACK_DEATH_RECOMPUTE if r.output_ids else FALLBACK_DEATH,
-                         f"{w.name} died")
+                         f"{w.name} {why}")
     for r, _ in lost:                      # prefilled, KV gone before it moved
-      self._recompute_on(r, "decode", FALLBACK_DEATH_RECOMPUTE, f"{w.name} died")
+      self._recompute_on(r, "decode", FALLBACK_DEATH_RECOMPUTE, f"{w.name} {why}")
     if self.injector.spec.restart_s:
       self._schedule(now + self.injector.spec.restart_s, "restart", w.name)
 
