@@ -9,8 +9,6 @@ A mixin of `Driver`; pure Python."""
 
 from __future__ import annotations
 
-import time
-
 from pdjax.request import Request, Status
 from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.worker import Worker
@@ -22,13 +20,15 @@ class Collect:
     step, w.inflight, w.ahead = w.inflight, w.ahead, None
     self._touch(w)
     plan = step.plan
-    done_s, t0 = self.clock.now(), time.perf_counter()   # the step was observed done
+    done_s = self.clock.now()   # the step was observed done (host phases: on the run's clock,
+                                # so a simulated run's are virtual, hence deterministic)
     try:
       tokens = step.pending.result()
     except DeviceError as e:
       self._fail_plan(w, plan, f"{step.kind} step failed on {w.name}: {type(e).__name__}: {e}")
       return
-    now, readback_s = self.clock.now(), time.perf_counter() - t0
+    now = self.clock.now()
+    readback_s = now - done_s
     if w.inflight is not None:    # the step dispatched ahead runs from now on
       w.inflight.start_s = max(w.inflight.start_s, now)
     w.measure(step, now)

@@ -14,8 +14,6 @@ A mixin of `Driver`; pure Python."""
 
 from __future__ import annotations
 
-import time
-
 from pdjax.kv.pages import OutOfPages
 from pdjax.request import PendingToken, Request, Status
 from pdjax.scheduler.errors import DeviceError
@@ -26,7 +24,7 @@ from pdjax.scheduler.worker import SlowPending, Step, Worker
 class Steps:
 
   def _dispatch(self, w: Worker, ahead: bool = False) -> None:
-    t0 = time.perf_counter()
+    t0 = self.clock.now()   # host phases on the run's clock (virtual in the simulator)
     rows = w.inflight.token_rows() if ahead else {}   # requests whose input token is pending
     plan = self.policies.step.plan(w, admit=lambda r: self._allocate_prefill(w, r))
     # A request being cancelled gets no new row (while a step holds it, it is not dropped);
@@ -68,10 +66,10 @@ class Steps:
                          "kv_pages_total": w.total_pages(),
                          "kv_pages_cached": w.tables.num_cached_idle_pages,
                          "kv_slots_unused": w.tables.num_unused_slots})
-    t1 = time.perf_counter()
+    t1 = self.clock.now()
     try:
       pending, slow = call(), self.injector.slow_factor(w.name, now)
-      t2 = time.perf_counter()
+      t2 = self.clock.now()
       if slow > 1:
         self.injector.injected["slow_step"] += 1
         pending = SlowPending(pending, now, slow, self.clock)
