@@ -13,7 +13,7 @@ def compile_cache(tmp_path_factory):
   """One persistent compilation cache per test session: instances with the same programs on
   other devices reuse compiles. Subprocesses get it through PDJAX_TEST_COMPILE_CACHE."""
   from pdjax.engine.cluster import enable_compile_cache
-  path = os.environ.get("PDJAX_FIXED_CACHE") or str(tmp_path_factory.mktemp("xla_cache"))
+  path = str(tmp_path_factory.mktemp("xla_cache"))
   os.environ["PDJAX_TEST_COMPILE_CACHE"] = path
   enable_compile_cache(path)
   return path

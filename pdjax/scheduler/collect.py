@@ -81,7 +81,7 @@ class Collect:
   def _host_wait(self, w: Worker, step) -> float:
     """Seconds the instance sat idle with work to do before `step` was dispatched."""
     since, w.host_wait_from = w.host_wait_from, None
-    return 0.0 if since is None or step.ahead else max(step.start_s - since, 0.0)
+    return 0.0 if since is None else max(step.start_s - since, 0.0)
 
   def _non_finite(self, w: Worker, req: Request, token: int, now: float) -> bool:
     """A negative token is the engine's mark for non-finite logits: the request fails."""

@@ -73,9 +73,8 @@ class Steps:
       if slow > 1:
         self.injector.injected["slow_step"] += 1
         pending = SlowPending(pending, now, slow, self.clock)
-      launched = self.clock.now()
-      step = Step(plan, pending, launched, kind, plan_s=t1 - t0, dispatch_s=t2 - t1,
-                  ahead=ahead, dispatched_s=launched)
+      step = Step(plan, pending, t2, kind, plan_s=t1 - t0, dispatch_s=t2 - t1, ahead=ahead,
+                  dispatched_s=t2)
       if ahead:
         w.ahead = step
       else:
