@@ -163,22 +163,45 @@ def _dispatch(src, src_ids: list[np.ndarray], dst, dst_ids: list[np.ndarray]) ->
   """One piece per (src_ids, dst_ids) pair, each of a bucket's size: every gather first, one
   device-to-device copy of all their single-device outputs, then each piece's scatter."""
   start = time.perf_counter()
-  layers, kvh, _, ps, d = dst.kv_pool_shape
-  dst_devices = list(dst.mesh.devices.flat)
   with device_errors():
-    shards = []
-    for ids in src_ids:
-      gather, plan = src._gather[(len(ids), dst.tp)]
-      outs = gather(src.kv, ids)
-      shards += [next(s.data for s in outs[i].addressable_shards if s.device == device)
-                 for i, device in plan]
-    moved = jax.device_put(shards, dst_devices * len(src_ids))   # device -> device, per shard
-    landed = []
-    for p, ids in enumerate(dst_ids):
-      n = len(ids)
-      pages = jax.make_array_from_single_device_arrays(
-          (2, layers, kvh, n, ps, d), NamedSharding(dst.mesh, PAGES_SPEC),
-          moved[p * len(dst_devices):(p + 1) * len(dst_devices)])
-      dst.kv = dst._scatter[n](dst.kv, pages, ids)
-      landed.append(pages)
+    shards = gather_shards(src, src_ids, dst.tp)
+    moved = jax.device_put(shards, list(dst.mesh.devices.flat) * len(src_ids))
+    landed = land_shards(dst, moved, dst_ids)
   return PendingTransfer(landed, start)
+
+
+def gather_shards(src, src_ids: list[np.ndarray], dst_tp: int) -> list:
+  """Source half of a transfer: for each piece (a bucket's worth of page ids), the
+  single-device arrays that destination devices 0..dst_tp-1 take whole, each
+  [2, layers, kv_heads / dst_tp, n, page_size, head_dim] on one source device. Piece-major:
+  piece p, destination device j is item p * dst_tp + j."""
+  shards = []
+  for ids in src_ids:
+    gather, plan = src._gather[(len(ids), dst_tp)]
+    outs = gather(src.kv, ids)
+    shards += [next(s.data for s in outs[i].addressable_shards if s.device == device)
+               for i, device in plan]
+  return shards
+
+
+def shard_shape(dst, n: int) -> tuple[int, ...]:
+  """Shape of one destination device's part of an n-page piece."""
+  layers, kvh, _, ps, d = dst.kv_pool_shape
+  return (2, layers, kvh // dst.tp, n, ps, d)
+
+
+def land_shards(dst, shards: list, dst_ids: list[np.ndarray]) -> list:
+  """Destination half: assembles each piece from its single-device arrays (already on dst's
+  devices, in `gather_shards`' order) and scatters it into dst's pool at dst_ids (ids out of
+  range write nothing). Returns the assembled pieces (ready once landed)."""
+  layers, kvh, _, ps, d = dst.kv_pool_shape
+  per = dst.tp
+  landed = []
+  for p, ids in enumerate(dst_ids):
+    n = len(ids)
+    pages = jax.make_array_from_single_device_arrays(
+        (2, layers, kvh, n, ps, d), NamedSharding(dst.mesh, PAGES_SPEC),
+        shards[p * per:(p + 1) * per])
+    dst.kv = dst._scatter[n](dst.kv, pages, ids)
+    landed.append(pages)
+  return landed

@@ -10,7 +10,7 @@ A mixin of `Driver`; pure Python."""
 from __future__ import annotations
 
 from pdjax.request import Request, Status
-from pdjax.scheduler.errors import DeviceError
+from pdjax.scheduler.errors import DeviceError, InstanceLost
 from pdjax.scheduler.worker import Worker
 
 
@@ -24,6 +24,9 @@ class Collect:
                                 # so a simulated run's are virtual, hence deterministic)
     try:
       tokens = step.pending.result()
+    except InstanceLost as e:   # its process died: the instance is dead, its requests move
+      self._kill(w, why=f"lost its process ({e})", injected=False)
+      return
     except DeviceError as e:
       self._fail_plan(w, plan, f"{step.kind} step failed on {w.name}: {type(e).__name__}: {e}")
       return

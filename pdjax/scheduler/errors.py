@@ -11,3 +11,9 @@ stops loudly instead of turning a bug into a quiet fallback.
 
 class DeviceError(RuntimeError):
   """A step or transfer failed on the device or in the runtime (expected; recoverable)."""
+
+
+class InstanceLost(DeviceError):
+  """The process that owned an instance's devices is gone (a Ray actor that died). The driver
+  treats the instance as dead, exactly like an injected kill: its requests are recomputed on
+  live instances of its tier or fail with the reason."""

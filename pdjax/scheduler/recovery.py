@@ -222,6 +222,9 @@ class Recovery:
       return
     now = self.clock.now()
     w.dead, self._tiers = True, None
+    kill = getattr(w.instance, "kill", None)   # an instance in its own process: end it for
+    if kill is not None:                        # real (a Ray actor; see pdjax/distributed)
+      kill()
     self.fault_counts["instances_killed"] += 1
     if injected:
       self.injector.injected["kill_instance"] += 1
@@ -249,6 +252,9 @@ class Recovery:
       self._schedule(now + self.injector.spec.restart_s, "restart", w.name)
 
   def _restart(self, w) -> None:
+    restart = getattr(w.instance, "restart", None)   # a fresh process, warmed up, empty
+    if restart is not None:
+      restart()
     w.dead, self._tiers = False, None
     self.fault_counts["instances_restarted"] += 1
     self._touch(w)

@@ -1,0 +1,1 @@
+"""Instances in their own processes (cluster.launcher = "ray"): see launcher.py."""

@@ -1,0 +1,168 @@
+"""One serving instance in its own process: the body of a Ray actor (`launcher` wraps it).
+
+The actor owns the devices its process sees (CPU: its own virtual devices; GPU/TPU: the chips
+Ray assigned), builds an `engine.Instance` on them with the run's parameters (seeded, or read
+from the checkpoint folder by this process), and runs a `jax.experimental.transfer` server for
+KV. The driver's `RemoteInstance` calls it; the host-side block tables stay in the driver, so
+steps and transfers carry page ids only.
+
+Every method is a coroutine on the actor's one event loop, so device work is dispatched in a
+single thread: a method's dispatch (a step, a gather, a scatter into the pool) runs without an
+`await` in between, and steps are dispatched in their sequence order whatever order Ray starts
+the calls in (`_in_order`). Waiting (a step's readback, a pull in flight) happens off the loop
+or between polls, so the next step is dispatched while the previous one runs (overlap).
+
+Transfers: `offer` gathers a request's pages into destination-shaped single-device pieces
+(`engine.transfer.gather_shards`, resharded for the puller's TP) and puts them on the transfer
+server under a uuid; `pull` fetches them by that uuid from the source's server, waits (polling,
+with a deadline) until every piece has arrived, then scatters them into this pool
+(`land_shards`). A piece that never arrives raises DeviceError at the deadline and nothing is
+written; a piece that arrives broken (its source died) raises DeviceError before the scatter,
+so the pool is never poisoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+
+import jax
+import numpy as np
+from jax.experimental import transfer as jax_transfer
+from jax.sharding import SingleDeviceSharding
+
+from pdjax.engine import mesh as mesh_lib
+from pdjax.engine import transfer
+from pdjax.engine.cluster import enable_compile_cache, host_params
+from pdjax.engine.instance import Instance
+from pdjax.engine.options import EngineOptions
+from pdjax.engine.runtime import device_errors
+from pdjax.models.llama_config import LlamaConfig
+from pdjax.scheduler.errors import DeviceError
+
+PULL_POLL_S = 0.0005   # how often a pull in flight is checked
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorSpec:
+  """What an instance's process needs to build it (picklable; no arrays)."""
+  name: str
+  role: str
+  tp: int
+  model: LlamaConfig
+  opts: EngineOptions
+  checkpoint: str = ""            # model.checkpoint ("" = seeded random weights)
+  seed: int = 0
+  compile_cache_dir: str = ""
+  transfer_host: str = "127.0.0.1"   # the address the transfer server listens on
+
+
+class InstanceActor:
+
+  def __init__(self, spec: ActorSpec):
+    enable_compile_cache(spec.compile_cache_dir)
+    devices = jax.devices()
+    if len(devices) < spec.tp:
+      raise ValueError(f"{spec.name} needs {spec.tp} devices, its process sees {len(devices)}")
+    params = host_params(spec.model, checkpoint=spec.checkpoint, seed=spec.seed,
+                         dtype=spec.opts.dtype)
+    self.inst = Instance(mesh_lib.InstanceSpec(spec.name, spec.role, tuple(devices[:spec.tp])),
+                         spec.model, params, spec.opts)
+    host = spec.transfer_host
+    self.server = jax_transfer.start_transfer_server(devices[0].client, f"{host}:0",
+                                                     [f"{host}:0"])
+    self._connections: dict[str, object] = {}
+    self._next_seq = 0              # the sequence number of the next step to dispatch
+    self._turn: asyncio.Condition | None = None
+    self._last: tuple[int, object] | None = None   # (seq, PendingTokens) last dispatched
+
+  async def describe(self) -> dict:
+    return {"address": self.server.address(), "pid": os.getpid(),
+            "platform": self.inst.mesh.devices.flat[0].platform,
+            "overlap_by_default": self.inst.overlap_by_default,
+            "page_bytes": transfer.page_bytes(self.inst), **self._counters()}
+
+  def _counters(self) -> dict:
+    i = self.inst
+    return {"compiles": i.compiles, "compiles_from_cache": i.compiles_from_cache,
+            "lazy_compiles": i.lazy_compiles, "lazy_compile_s": i.lazy_compile_s}
+
+  async def warm_up(self, prefill: bool, decode: bool, transfer_to_tp: tuple[int, ...],
+                    receive: bool) -> dict:
+    self.inst.warm_up(prefill=prefill, decode=decode, transfer_to_tp=transfer_to_tp,
+                      receive=receive)
+    return self._counters()
+
+  # ---- steps -------------------------------------------------------------------------------
+
+  async def _in_order(self, seq: int) -> None:
+    if self._turn is None:
+      self._turn = asyncio.Condition()
+    async with self._turn:
+      await self._turn.wait_for(lambda: self._next_seq == seq)
+
+  async def _advance(self) -> None:
+    async with self._turn:
+      self._next_seq += 1
+      self._turn.notify_all()
+
+  async def step(self, seq: int, kind: str, seqs: list, prev_seq: int | None) -> dict:
+    """Dispatches step `seq` (after every earlier one), waits for its tokens off the event loop
+    and returns them with its host timings and the compile counters. prev_seq: the step whose
+    device tokens feed PendingToken rows (the one dispatched just before)."""
+    await self._in_order(seq)
+    try:
+      prev = None
+      if prev_seq is not None:
+        if self._last is None or self._last[0] != prev_seq:
+          raise ValueError(f"step {seq} takes tokens of step {prev_seq}, the last dispatched "
+                           f"is {self._last and self._last[0]}")
+        prev = self._last[1]
+      launch = self.inst.prefill if kind == "prefill" else self.inst.decode
+      pending = launch(seqs, prev)
+      self._last = (seq, pending)
+    finally:
+      await self._advance()
+    tokens = await asyncio.get_running_loop().run_in_executor(None, pending.result)
+    return {"tokens": tokens, "build_s": pending.build_s, "dispatch_s": pending.dispatch_s,
+            **self._counters()}
+
+  # ---- KV transfer -------------------------------------------------------------------------
+
+  async def offer(self, uuid: int, pieces: list[list[int]], dst_tp: int) -> int:
+    """Gathers the pages (one list per bucket-sized piece) into pieces shaped for a TP-dst_tp
+    puller and offers them under uuid; returns their bytes. The pool's pages may be freed
+    once the pull is acknowledged: the pieces are copies."""
+    with device_errors():
+      shards = transfer.gather_shards(self.inst, [np.asarray(p, np.int32) for p in pieces],
+                                      dst_tp)
+      self.server.await_pull(uuid, shards)
+    return sum(int(s.nbytes) for s in shards)
+
+  async def pull(self, uuid: int, address: str, pieces: list[list[int]],
+                 timeout_s: float) -> dict:
+    """Pulls offer `uuid` from the transfer server at `address` into this pool's pages (one
+    list per piece, the offer's sizes) and returns {"bytes", "seconds"} once every piece is
+here and its scatter is dispatched (later steps on this pool see the pages). Raises
+    DeviceError when the pieces are not all here within timeout_s, or arrive broken."""
+    start = time.perf_counter()
+    inst = self.inst
+    devices = list(inst.mesh.devices.flat)
+    avals = [jax.ShapeDtypeStruct(transfer.shard_shape(inst, len(p)), inst.dtype,
+                                  sharding=SingleDeviceSharding(d))
+             for p in pieces for d in devices]
+    with device_errors():
+      if address not in self._connections:
+        self._connections[address] = self.server.connect(address)
+      arrays = self._connections[address].pull(uuid, avals)
+    while not all(a.is_ready() for a in arrays):
+      if time.perf_counter() - start > timeout_s:
+        raise DeviceError(f"KV pull {uuid} from {address} not complete after {timeout_s:g} s")
+      await asyncio.sleep(PULL_POLL_S)
+    with device_errors():
+      for a in arrays:
+        a.block_until_ready()   # a piece whose source died raises here, before the scatter
+      transfer.land_shards(inst, arrays, [np.asarray(p, np.int32) for p in pieces])
+    return {"bytes": sum(int(a.nbytes) for a in arrays), "seconds": time.perf_counter() - start}

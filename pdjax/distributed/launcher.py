@@ -1,0 +1,131 @@
+"""cluster.launcher = "ray": one process per instance, placed and supervised by Ray.
+
+    driver process (pdjax.run: workload, policies, scheduler loop, block tables, metrics)
+        │  Ray actor calls: step(seq, rows) -> tokens, offer(uuid, pages), pull(uuid, pages)
+        ▼
+    one actor process per instance (its own devices, params, KV pool, compiled programs,
+    and a jax.experimental.transfer server) ◄── KV pulled actor to actor ──► (no driver hop)
+
+`RayCluster` starts a local Ray (cluster.ray_address empty) or joins one (an address such as
+"ray://head:10001" or "auto"), creates the actors of each run, warms up their programs and the
+transfer connections between them, and stops what it started. Devices per actor: on the CPU
+backend each actor gets `tp` virtual devices of its own; with accelerator "gpu" Ray assigns
+`num_gpus=tp`, with "tpu" the `TPU` resource (one actor per host or chip group).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+import ray
+
+from pdjax.distributed.actor import ActorSpec, InstanceActor
+from pdjax.distributed.remote import RayTransfer, RemoteInstance, ray_result
+
+ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
+
+
+class RayCluster:
+
+  def __init__(self, address: str = "", accelerator: str = "auto",
+               transfer_host: str = "127.0.0.1", pull_timeout_s: float = 30.0,
+               compile_cache_dir: str = ""):
+    if accelerator not in ACCELERATORS:
+      raise ValueError(f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
+    self.address, self.accelerator = address, accelerator
+    self.transfer_host, self.compile_cache_dir = transfer_host, compile_cache_dir
+    self.transfer_fn = RayTransfer(pull_timeout_s)
+    self._started_ray = False
+    self._live: list[RemoteInstance] = []
+
+  def __enter__(self) -> "RayCluster":
+    self.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.shutdown()
+
+  def start(self) -> None:
+    """Starts (or joins) Ray unless this process is already connected to one."""
+    if ray.is_initialized():
+      return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(address=self.address or None, include_dashboard=False,
+             logging_level=logging.WARNING, configure_logging=True)
+    self._started_ray = True
+
+  def shutdown(self) -> None:
+    """Kills every actor still alive, then leaves (or stops the local) Ray if it started it."""
+    self.release(self._live)
+    if self._started_ray:
+      ray.shutdown()
+      self._started_ray = False
+
+  def release(self, instances) -> None:
+    for inst in list(instances):
+      inst.kill()
+      if inst in self._live:
+        self._live.remove(inst)
+
+  # ---- building a run's instances --------------------------------------------------------
+
+  def build_instances(self, tiers: list[tuple[str, int, int]], mcfg, opts, *,
+                      checkpoint: str = "", seed: int = 0, roles_may_change: bool = False,
+                      opts_by_role: dict | None = None) -> list[RemoteInstance]:
+    """One actor per (role, index), all started and warmed up at once, then every transfer
+    bucket run once between each sender and receiver (connections, first copies). The same
+    programs as `engine.cluster.build_instances`."""
+    tps = {role: tuple(sorted({tp for r, _, tp in tiers if r == role or roles_may_change}))
+           for role in ("prefill", "decode")}
+    instances = []
+    for role, count, tp in tiers:
+      for i in range(count):
+        spec = ActorSpec(name=f"{role}-{i}", role=role, tp=tp, model=mcfg,
+                         opts=(opts_by_role or {}).get(role, opts), checkpoint=checkpoint,
+                         seed=seed, compile_cache_dir=self.compile_cache_dir,
+                         transfer_host=self.transfer_host)
+        sends = role == "prefill" or (roles_may_change and role == "decode")
+        receives = role == "decode" or (roles_may_change and role == "prefill")
+        instances.append(RemoteInstance(spec, self._new_actor, dict(
+            prefill=True, decode=True, transfer_to_tp=tps["decode"] if sends else (),
+            receive=receives)))
+    self._live += instances
+    refs = [inst.start() for inst in instances]
+    for inst, r in zip(instances, refs):
+      inst.finish_start(r)
+    self._warm_up_transfers(instances)
+    return instances
+
+  def _warm_up_transfers(self, instances) -> None:
+    pulls = []
+    for src in instances:
+      for dst in instances:
+        a, b = src._warm_up_args, dst._warm_up_args
+        if src is dst or dst.tp not in a["transfer_to_tp"] or not b["receive"]:
+          continue
+        for n in src.opts.transfer_buckets:   # destination ids out of range: nothing written
+          pulls.append((dst, self.transfer_fn.dispatch(src, [[0] * n], dst,
+                                                       [[dst.opts.num_pages] * n])))
+    for dst, t in pulls:
+      ray_result(t.pull, dst.name)
+
+  def _new_actor(self, spec: ActorSpec):
+    return ray.remote(InstanceActor).options(**self.actor_options(spec.tp)).remote(spec)
+
+  def actor_options(self, tp: int) -> dict:
+    """Ray placement of a TP-tp instance (see the module doc)."""
+    accelerator = self.accelerator
+    if accelerator == "auto":
+      import jax
+      accelerator = jax.default_backend()
+    if accelerator == "gpu":
+      return dict(num_gpus=tp)
+    if accelerator == "tpu":
+      return dict(resources={"TPU": tp})
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                   os.environ.get("XLA_FLAGS", ""))
+    env = {"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={tp}".strip(),
+           "JAX_PLATFORMS": "cpu"}
+    return dict(num_cpus=0, runtime_env={"env_vars": env})
