@@ -129,6 +129,32 @@ def sibling_config(config_file: str, name: str = "default.py"):
   return load_config_module(os.path.join(os.path.dirname(os.path.abspath(config_file)), name))
 
 
+LAUNCHERS = ("local", "ray")
+RAY_ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
+
+
+def launcher(cfg) -> str:
+  """cluster.launcher: local (every instance in this process) or ray (one process each)."""
+  return cfg.cluster.get("launcher", "local")
+
+
+def _check_launcher(cfg) -> None:
+  c = cfg.cluster
+  _require(launcher(cfg) in LAUNCHERS, "cluster.launcher", launcher(cfg),
+           f"is not one of {list(LAUNCHERS)}")
+  if launcher(cfg) != "ray":
+    return
+  _require(cfg.backend == "jax", "cluster.launcher", "ray",
+           f"needs backend='jax' (the simulator runs in one process), got {cfg.backend!r}")
+  _require(c.get("ray_accelerator", "auto") in RAY_ACCELERATORS, "cluster.ray_accelerator",
+           c.get("ray_accelerator"), f"is not one of {list(RAY_ACCELERATORS)}")
+  timeout = c.get("pull_timeout_s", 30.0)
+  _require(math.isfinite(timeout) and timeout > 0, "cluster.pull_timeout_s", timeout,
+           "must be a finite number > 0")
+  _require(bool(str(c.get("transfer_host", "127.0.0.1")).strip()), "cluster.transfer_host",
+           c.get("transfer_host"), "must name an address to listen on")
+
+
 def _check_buckets(key: str, buckets) -> None:
   ok = (len(buckets) > 0 and all(isinstance(b, int) and b > 0 for b in buckets)
         and list(buckets) == sorted(set(buckets)))
@@ -183,10 +209,11 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
                     ("intermediate_size", mcfg.intermediate_size)):
       _require(n % tier.tp == 0, f"cluster.{role}.tp", tier.tp,
                f"does not divide the model's {what}={n}")
+  _check_launcher(cfg)
   p, d = cfg.cluster.prefill.tp, cfg.cluster.decode.tp
   _require(p % d == 0 or d % p == 0, "cluster.decode.tp", d,
            f"and cluster.prefill.tp={p}: one must divide the other to move KV")
-  if device_count is not None and cfg.backend == "jax":
+  if device_count is not None and cfg.backend == "jax" and launcher(cfg) == "local":
     for mode in sorted({RUNS[m] for m in modes(cfg)}):
       need = sum(n * tp for _, n, tp in tiers(cfg)[mode])
       if need > device_count:

@@ -63,10 +63,12 @@ def policies_for(cfg, run: str, opts):
 
 
 def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = False,
-            on_loaded=None):
+            on_loaded=None, ray_cluster=None):
   """Builds the run's instances (real or simulated), serves the workload; returns (summary,
   RunResult, instances). Writes nothing. on_loaded(n) is called with the number of requests
-  the workload loaded, before serving (a trace may hold fewer than workload.num_requests)."""
+  the workload loaded, before serving (a trace may hold fewer than workload.num_requests).
+  ray_cluster: a started `distributed.launcher.RayCluster` (cluster.launcher=ray): each
+  instance is an actor in its own process, stopped when the run's summary is taken."""
   from pdjax import serving
   from pdjax.metrics.faults import fault_summary
   from pdjax.metrics.kv_cache import kv_cache_summary
@@ -90,6 +92,12 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                                     profile=config_lib.sim_profile(cfg, mcfg),
                                     opts_by_role=options_lib.tier_options(cfg, opts))
     serve_kwargs = dict(clock=clock, transfer_fn=sim_transfer)
+  elif ray_cluster is not None:
+    instances = ray_cluster.build_instances(
+        tiers, mcfg, opts, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
+        roles_may_change=cfg.scheduler.role_switch != "none",
+        opts_by_role=options_lib.tier_options(cfg, opts))
+    serve_kwargs = dict(transfer_fn=ray_cluster.transfer_fn)
   else:
     from pdjax.engine.cluster import build_instances
     instances = build_instances(tiers, mcfg, host_params, opts,
@@ -138,10 +146,13 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   summary["faults"] = fault_summary(result.requests, result.faults)
   summary["steps"] = result.step_counts()
   summary["workload_problems"] = problems
+  if ray_cluster is not None:
+    ray_cluster.release(instances)   # their processes end; the next run starts its own
   return summary, result, instances
 
 
-def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, object]:
+def run_mode(cfg, mcfg, run: str, workdir: str, host_params,
+             ray_cluster=None) -> tuple[dict, object]:
   """Serves one run (see `execute`) and writes its folder (files, plots, trace.json);
   returns (summary, RunResult)."""
   from tqdm import tqdm
@@ -156,7 +167,7 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params) -> tuple[dict, obje
   with tqdm(total=None, desc=f"{run:>13}", unit="req", disable=not cfg.progress,
             file=sys.stderr) as bar:
     summary, result, _ = execute(cfg, mcfg, run, host_params, on_progress=bar.update,
-                                 on_loaded=set_total)
+                                 on_loaded=set_total, ray_cluster=ray_cluster)
   write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": run}, requests=result.requests,
                   summary=summary)
   os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
@@ -190,17 +201,21 @@ def main(argv) -> None:
 
   enable_compile_cache(cfg.compile_cache_dir)
   workdir = WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  # With ray, each actor reads (or seeds) its own parameters; the driver needs them only
+  # for the debug check against the reference.
+  in_driver = cfg.backend != "sim" and (config_lib.launcher(cfg) == "local" or cfg.debug)
   try:   # a checkpoint missing a tensor (KeyError) or holding a stray one (ValueError)
-    params = (None if cfg.backend == "sim" else
-              host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
-                          dtype=cfg.model.dtype))
+    params = (host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
+                          dtype=cfg.model.dtype) if in_driver else None)
   except (KeyError, ValueError) as e:
     fail(f"config error: {e.args[0]}")
   runs = config_lib.modes(cfg)
   summaries, results = {}, {}
-  for run in runs:
-    run_dir = os.path.join(workdir, run) if len(runs) > 1 else workdir
-    summaries[run], results[run] = run_mode(cfg, mcfg, run, run_dir, params)
+  with ray_cluster_for(cfg) as ray_cluster:
+    for run in runs:
+      run_dir = os.path.join(workdir, run) if len(runs) > 1 else workdir
+      summaries[run], results[run] = run_mode(cfg, mcfg, run, run_dir, params,
+                                              ray_cluster=ray_cluster)
   if len(runs) > 1:
     write_comparison(workdir, summaries, results)
   print(compare_table(summaries))
@@ -208,6 +223,19 @@ def main(argv) -> None:
   if any(s["kv_pages_leaked"] for s in summaries.values()):
     fail("KV pages leaked: " + ", ".join(f"{m}={s['kv_pages_leaked']}"
                                           for m, s in summaries.items()))
+
+
+def ray_cluster_for(cfg):
+  """A context holding the run's RayCluster (started on entry, stopped on exit) under
+  cluster.launcher=ray; holding None otherwise."""
+  import contextlib
+  if config_lib.launcher(cfg) != "ray":
+    return contextlib.nullcontext()
+  from pdjax.distributed.launcher import RayCluster
+  c = cfg.cluster
+  return RayCluster(address=c.ray_address, accelerator=c.ray_accelerator,
+                    transfer_host=c.transfer_host, pull_timeout_s=c.pull_timeout_s,
+                    compile_cache_dir=os.path.expanduser(cfg.compile_cache_dir))
 
 
 def write_comparison(workdir: str, summaries: dict, results: dict) -> None:

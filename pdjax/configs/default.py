@@ -37,6 +37,12 @@ def get_config(arg=None):
   c.cluster.decode = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))
   c.cluster.colocated = ml_collections.ConfigDict(dict(instances=4, tp=2, kv_pages=0))
   # kv_pages: this tier's KV pool per instance; 0 = kv.pages_per_instance
+  c.cluster.launcher = "local"             # local (one process) | ray (a process per instance)
+  c.cluster.ray_address = ""               # ray: "" = start a local Ray; else join this cluster
+  c.cluster.ray_accelerator = "auto"       # ray: devices per actor: auto (the driver's backend)
+                                           #   | cpu (tp virtual devices) | gpu | tpu
+  c.cluster.transfer_host = "127.0.0.1"    # ray: where the KV transfer servers listen
+  c.cluster.pull_timeout_s = 30.0          # ray: a KV pull not done by then fails (recovery)
 
   c.kv = ml_collections.ConfigDict()
   c.kv.page_size = 16

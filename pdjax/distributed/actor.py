@@ -159,7 +159,7 @@ here and its scatter is dispatched (later steps on this pool see the pages). Rai
       arrays = self._connections[address].pull(uuid, avals)
     while not all(a.is_ready() for a in arrays):
       if time.perf_counter() - start > timeout_s:
-        raise DeviceError(f"KV pull {uuid} from {address} not complete after {timeout_s:g} s")
+        raise DeviceError(f"KV pull from {address} not complete after {timeout_s:g} s")
       await asyncio.sleep(PULL_POLL_S)
     with device_errors():
       for a in arrays:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 
 import ray
 
@@ -52,8 +53,13 @@ class RayCluster:
     if ray.is_initialized():
       return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(address=self.address or None, include_dashboard=False,
-             logging_level=logging.WARNING, configure_logging=True)
+    with warnings.catch_warnings():
+      # Ray starts its daemons with fork + exec; Python warns about forking a process that
+      # has jax's threads, which only matters for a fork that keeps running Python.
+      warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                              category=RuntimeWarning)
+      ray.init(address=self.address or None, include_dashboard=False,
+               logging_level=logging.WARNING, configure_logging=True)
     self._started_ray = True
 
   def shutdown(self) -> None:

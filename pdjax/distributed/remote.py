@@ -104,10 +104,11 @@ class RemoteInstance:
       ray.kill(self.actor, no_restart=True)
     self.alive = False
 
-  def restart(self) -> None:
-    """A fresh process (its programs come from the compile cache where one is set); the
+  def restart(self) -> "PendingStart":
+    """Starts a fresh process (its programs come from the compile cache where one is set)
+    without waiting; the driver brings the instance back when the start is ready. The
     host-side tables were reset by the driver when the instance died."""
-    self.finish_start(self.start())
+    return PendingStart(self, self.start())
 
   # ---- what the driver reads -----------------------------------------------------------------
 
@@ -139,6 +140,20 @@ class RemoteInstance:
     seq, self._seq = self._seq, self._seq + 1
     ref = self.actor.step.remote(seq, kind, seqs, None if prev is None else prev.seq)
     return RemotePending(ref, seq, self)
+
+
+class PendingStart:
+  """An actor starting: ready() once it has described itself and warmed up; result() finishes
+  the instance's start (InstanceLost if the new process died)."""
+
+  def __init__(self, instance: RemoteInstance, refs):
+    self.instance, self.refs = instance, refs
+
+  def ready(self) -> bool:
+    return all(is_ready(r) for r in self.refs)
+
+  def result(self) -> None:
+    self.instance.finish_start(self.refs)
 
 
 class RemoteTransfer:
@@ -197,17 +212,26 @@ class RayTransfer:
     if len(src_pages) != len(dst_pages):
       raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} "
                        f"destination")
-    return self.dispatch(src, _split(src, src_pages), dst, _split(src, dst_pages))
+    return self.dispatch(src, split_pieces(src, src_pages), dst, split_pieces(src, dst_pages))
 
   def dispatch(self, src, src_pieces, dst, dst_pieces) -> RemoteTransfer:
+    return self.pull(src, dst, dst_pieces, self.offer(src, src_pieces, dst))
+
+  def offer(self, src, src_pieces, dst) -> tuple[int, object, float]:
+    """The source half: (uuid, the offer call's ref, when it started)."""
     start, uuid = time.perf_counter(), next(self._uuids)
-    offer = src.actor.offer.remote(uuid, src_pieces, dst.tp)
+    return uuid, src.actor.offer.remote(uuid, src_pieces, dst.tp), start
+
+  def pull(self, src, dst, dst_pieces, offered: tuple[int, object, float]) -> RemoteTransfer:
+    """The destination half, for an offer made by `offer`."""
+    uuid, offer, start = offered
     pull = dst.actor.pull.remote(uuid, src.address, dst_pieces, self.timeout_s)
     needed = sum(len(p) for p in dst_pieces) * dst.page_bytes
     return RemoteTransfer(pull, offer, start, self.timeout_s, needed, (src.name, dst.name))
 
 
-def _split(src: RemoteInstance, pages: list[int]) -> list[list[int]]:
+def split_pieces(src: RemoteInstance, pages: list[int]) -> list[list[int]]:
+  """pages cut into the transfer buckets' sizes (engine.transfer.transfer_pieces)."""
   sizes = transfer_pieces(src.opts.transfer_buckets, len(pages))
   bounds = list(itertools.accumulate([0] + sizes))
   return [list(pages[a:b]) for a, b in zip(bounds, bounds[1:])]

@@ -161,6 +161,7 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
       self._switch_roles()
       self._start_transfers()
       self._poll_transfers()
+      self._poll_restarts()
       touched, self._touched = sorted(self._touched), set()
       for i in touched:                # worker order, as the policies' tie-breaks expect
         w = self.workers[i]
@@ -179,7 +180,7 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
       if on_progress and self._terminal != done:
         on_progress(self._terminal - done)
       done = self._terminal
-      if inflight or self._pending_transfers:
+      if inflight or self._pending_transfers or self._restarting:
         continue
       if done >= len(requests) and not arrivals:
         break
@@ -215,7 +216,7 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
   def _wait_any(self, inflight: list[Worker], wake: float | None = None) -> list[Worker]:
     """The in-flight workers whose step is done, polling until at least one is or until
     `wake` (an event or lease expiry is due)."""
-    if not inflight and not self._pending_transfers:
+    if not inflight and not self._pending_transfers and not self._restarting:
       return []
     ends = [getattr(w.inflight.pending, "end_s", None) for w in inflight]
     lands = [getattr(t, "end_s", None) for *_, t in self._pending_transfers]
@@ -229,7 +230,8 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
     while True:
       ready = [w for w in inflight if w.inflight.pending.ready()]
       if ready or (wake is not None and self.clock.now() >= wake) or \
-          any(t.ready() for *_, t in self._pending_transfers):
+          any(t.ready() for *_, t in self._pending_transfers) or \
+          any(p.ready() for _, p in self._restarting.values()):
         return ready
       if self._hung(inflight):
         return []

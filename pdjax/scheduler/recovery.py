@@ -41,6 +41,7 @@ class Recovery:
     self._retrying: dict[int, tuple[Request, object]] = {}
     self._in_transfer: dict[int, tuple[Request, object, object]] = {}   # delayed, in flight
     self._pending_transfers: list = []    # (req, src, dst, pending) dispatched, not landed
+    self._restarting: dict[int, tuple] = {}   # id(worker) -> (worker, its start in progress)
     self.transfers_landed = 0
     self.transfer_errors: dict[str, int] = {}   # device-error reason -> failed attempts
     self.fault_counts: dict[str, int] = {"transfer_retries": 0, "transfers_recovered": 0,
@@ -252,9 +253,20 @@ class Recovery:
       self._schedule(now + self.injector.spec.restart_s, "restart", w.name)
 
   def _restart(self, w) -> None:
-    restart = getattr(w.instance, "restart", None)   # a fresh process, warmed up, empty
-    if restart is not None:
-      restart()
+    restart = getattr(w.instance, "restart", None)
+    if restart is not None:   # a fresh process starting (and warming up) in the background:
+      self._restarting[id(w)] = (w, restart())   # back once it is up (_poll_restarts)
+      return
+    self._back(w)
+
+  def _poll_restarts(self) -> None:
+    for key, (w, pending) in list(self._restarting.items()):
+      if pending.ready():
+        del self._restarting[key]
+        pending.result()
+        self._back(w)
+
+  def _back(self, w) -> None:
     w.dead, self._tiers = False, None
     self.fault_counts["instances_restarted"] += 1
     self._touch(w)
