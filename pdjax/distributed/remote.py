@@ -49,6 +49,14 @@ def is_ready(ref) -> bool:
   return bool(ray.wait([ref], timeout=0, fetch_local=False)[0])
 
 
+def wait_any(pendings, timeout_s: float) -> None:
+  """Blocks until one of the pending objects' calls has returned, or timeout_s (the driver's
+  `_block`: every pending class here offers this same function)."""
+  refs = [r for p in pendings for r in p.refs_to_wait()]
+  if refs:
+    ray.wait(refs, num_returns=1, timeout=timeout_s, fetch_local=False)
+
+
 class RemotePending:
   """A step dispatched on an actor. build_s / dispatch_s: the actor's host seconds building
   and launching it (known once the result is in)."""
@@ -56,6 +64,11 @@ class RemotePending:
   def __init__(self, ref, seq: int, instance: "RemoteInstance"):
     self.ref, self.seq, self._instance = ref, seq, instance
     self.build_s = self.dispatch_s = 0.0
+
+  wait_any = staticmethod(wait_any)
+
+  def refs_to_wait(self) -> list:
+    return [self.ref]
 
   def ready(self) -> bool:
     return is_ready(self.ref)
@@ -149,6 +162,11 @@ class PendingStart:
   def __init__(self, instance: RemoteInstance, refs):
     self.instance, self.refs = instance, refs
 
+  wait_any = staticmethod(wait_any)
+
+  def refs_to_wait(self) -> list:
+    return [r for r in self.refs if not is_ready(r)]
+
   def ready(self) -> bool:
     return all(is_ready(r) for r in self.refs)
 
@@ -167,6 +185,11 @@ class RemoteTransfer:
     self.bytes_needed, self.names = bytes_needed, names
     self._seconds: float | None = None
     self._late = False
+
+  wait_any = staticmethod(wait_any)
+
+  def refs_to_wait(self) -> list:
+    return [self.pull] + ([] if is_ready(self.offer) else [self.offer])
 
   def ready(self) -> bool:
     if self._seconds is None:

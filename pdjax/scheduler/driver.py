@@ -44,6 +44,7 @@ from pdjax.scheduler.transfers import Transfers
 from pdjax.scheduler.worker import Worker
 
 POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
+BLOCK_MAX_S = 0.01   # longest blocking wait on pending objects that can block (see _block)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +236,22 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
         return ready
       if self._hung(inflight):
         return []
+      self._block(inflight, wake)
+
+  def _block(self, inflight: list[Worker], wake: float | None) -> None:
+    """Waits a little for something in flight: POLL_S, or, when every pending object offers
+    the same `wait_any(pendings, timeout_s)` (Ray futures: pdjax/distributed), blocks in it
+    until one may be ready, at most BLOCK_MAX_S (so deadlines and wake-ups stay on time) —
+    a polling driver would take CPU from the instances' processes."""
+    pendings = ([w.inflight.pending for w in inflight]
+                + [t for *_, t in self._pending_transfers]
+                + [p for _, p in self._restarting.values()])
+    wait = getattr(pendings[0], "wait_any", None) if pendings else None
+    if wait is None or any(getattr(p, "wait_any", None) is not wait for p in pendings):
       time.sleep(POLL_S)
+      return
+    left = BLOCK_MAX_S if wake is None else min(BLOCK_MAX_S, wake - self.clock.now())
+    wait(pendings, max(left, 0.0))
 
   def _hung(self, inflight: list[Worker]) -> bool:
     """Kills every instance whose step has not completed within step_timeout_s: a device (or
