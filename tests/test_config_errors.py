@@ -32,6 +32,15 @@ CASES = [
     (["--config.scheduler.chunk_budget=1000"],
      "config error: scheduler.chunk_budget=1000 must be within [1, 512] (the largest prefill "
      "bucket)"),
+    (["--config.cluster.launcher=slurm"],
+     "config error: cluster.launcher='slurm' is not one of ['local', 'ray']"),
+    (["--config.cluster.launcher=ray", "--config.backend=sim"],
+     "config error: cluster.launcher='ray' needs backend='jax' (the simulator runs in one "
+     "process), got 'sim'"),
+    (["--config.cluster.launcher=ray", "--config.cluster.pull_timeout_s=0"],
+     "config error: cluster.pull_timeout_s=0.0 must be a finite number > 0"),
+    (["--config.cluster.launcher=ray", "--config.cluster.ray_accelerator=npu"],
+     "config error: cluster.ray_accelerator='npu' is not one of ['auto', 'cpu', 'gpu', 'tpu']"),
     (["--config.workload.rate=abc"],
      "config error: flag --config.workload.rate=abc: could not convert string to float: 'abc'"),
 ]

@@ -4,8 +4,11 @@ single-process run's, the no-cache reference's and HF's; a decode process killed
 an injected kill with a restart, and a pull whose source stopped are all survived with exact
 accounting. Each test stops the actors it started; the module stops Ray."""
 
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import ray
@@ -33,6 +36,44 @@ def _requests(arrivals=ARRIVALS):
   return [Request(id=f"r{i}", arrival_s=a, prompt_ids=p, eos_ids=(2,),
                   sampling=SamplingParams(max_new_tokens=m))
           for i, (p, m, a) in enumerate(zip(PROMPTS, MAX_NEW, arrivals))]
+
+
+def _raylets() -> int:
+  """Ray daemons running on this machine (raylet, gcs_server)."""
+  return sum(1 for pid in os.listdir("/proc") if pid.isdigit()
+             and any(d in _cmdline(pid).split(" ")[0] for d in ("/raylet", "/gcs_server")))
+
+
+def _cmdline(pid: str) -> str:
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return f.read().replace(b"\0", b" ").decode(errors="replace")
+  except OSError:
+    return ""
+
+
+def test_cli_ray_run_equals_local_and_stops_its_ray(tmp_path):
+  """pdjax.run with cluster.launcher=ray starts its own local Ray, serves the smoke workload
+  with one process per instance, writes the same outputs as the one-process run, and leaves
+  no Ray process behind. (First in the module: no Ray is running in this process yet.)"""
+  assert _raylets() == 0
+  outputs = {}
+  for launcher in ("local", "ray"):
+    workdir = tmp_path / launcher
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
+         "--config.mode=disaggregated", f"--config.cluster.launcher={launcher}",
+         f"--workdir={workdir}", "--config.progress=False",
+         f"--config.compile_cache_dir={os.environ['PDJAX_TEST_COMPILE_CACHE']}"],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (workdir / "requests.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in rows] == ["finished"] * 8
+    outputs[launcher] = {r["id"]: r["output_ids"] for r in rows}
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["kv_pages_leaked"] == 0 and summary["kv_transfer"]["count"] == 8
+  assert outputs["ray"] == outputs["local"]
+  assert _raylets() == 0
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +234,23 @@ def test_a_pull_whose_source_stopped_hits_its_deadline(ray_cluster, build, hf_ou
   assert [t["ok"] for t in result.transfers] == [True] + [False] * 4
   assert result.faults["transfer_retries"] == 2
   assert serving.kv_pages_leaked(instances) == 0
+
+
+def test_ray_result_keeps_device_errors_and_lets_bugs_through(ray_cluster):
+  from pdjax.distributed.remote import ray_result
+  from pdjax.scheduler.errors import DeviceError, InstanceLost
+
+  def _raise(kind: str):   # local: pickled by value (the workers cannot import tests/)
+    from pdjax.scheduler.errors import DeviceError
+    if kind == "device":
+      raise DeviceError("JaxRuntimeError: INTERNAL: boom")
+    raise ValueError("a bug in the actor")
+
+  task = ray.remote(num_cpus=0)(_raise)
+  with pytest.raises(DeviceError) as e:
+    ray_result(task.remote("device"), "decode-0")
+  assert str(e.value) == "JaxRuntimeError: INTERNAL: boom"
+  assert not isinstance(e.value, InstanceLost)
+  with pytest.raises(ValueError) as e:
+    ray_result(task.remote("bug"), "decode-0")
+  assert not isinstance(e.value, DeviceError) and "a bug in the actor" in str(e.value)
