@@ -54,8 +54,9 @@ def _cmdline(pid: str) -> str:
 
 def test_cli_ray_run_equals_local_and_stops_its_ray(tmp_path):
   """pdjax.run with cluster.launcher=ray starts its own local Ray, serves the smoke workload
-  with one process per instance, writes the same outputs as the one-process run, and leaves
-  no Ray process behind. (First in the module: no Ray is running in this process yet.)"""
+  with one process per instance (KV servers on the node's address, as across hosts), writes
+  the same outputs as the one-process run, and leaves no Ray process behind. (First in the
+  module: no Ray is running in this process yet.)"""
   assert _raylets() == 0
   outputs = {}
   for launcher in ("local", "ray"):
@@ -63,6 +64,7 @@ def test_cli_ray_run_equals_local_and_stops_its_ray(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
          "--config.mode=disaggregated", f"--config.cluster.launcher={launcher}",
+         "--config.cluster.transfer_host=node",   # the actors' node address, as multi-host
          f"--workdir={workdir}", "--config.progress=False",
          f"--config.compile_cache_dir={os.environ['PDJAX_TEST_COMPILE_CACHE']}"],
         capture_output=True, text=True, timeout=900)

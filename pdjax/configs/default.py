@@ -42,6 +42,7 @@ def get_config(arg=None):
   c.cluster.ray_accelerator = "auto"       # ray: devices per actor: auto (the driver's backend)
                                            #   | cpu (tp virtual devices) | gpu | tpu
   c.cluster.transfer_host = "127.0.0.1"    # ray: where the KV transfer servers listen
+                                           #   ("node": each actor's node address, multi-host)
   c.cluster.pull_timeout_s = 30.0          # ray: a KV pull not done by then fails (recovery)
 
   c.kv = ml_collections.ConfigDict()

@@ -56,7 +56,8 @@ class ActorSpec:
   checkpoint: str = ""            # model.checkpoint ("" = seeded random weights)
   seed: int = 0
   compile_cache_dir: str = ""
-  transfer_host: str = "127.0.0.1"   # the address the transfer server listens on
+  transfer_host: str = "127.0.0.1"   # the address the transfer server listens on; "node":
+                                     # the actor's node address (hosts that reach each other)
 
 
 class InstanceActor:
@@ -71,6 +72,9 @@ class InstanceActor:
     self.inst = Instance(mesh_lib.InstanceSpec(spec.name, spec.role, tuple(devices[:spec.tp])),
                          spec.model, params, spec.opts)
     host = spec.transfer_host
+    if host == "node":           # this actor's own node address as Ray knows it (multi-host)
+      import ray
+      host = ray.util.get_node_ip_address()
     self.server = jax_transfer.start_transfer_server(devices[0].client, f"{host}:0",
                                                      [f"{host}:0"])
     self._connections: dict[str, object] = {}
