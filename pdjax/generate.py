@@ -27,6 +27,7 @@ import sys
 from absl import app, flags, logging
 
 from pdjax.cli import fail, use_cpu_devices
+from pdjax.text.stops import load_text
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Local HF checkpoint folder.")
 _TOKENIZER = flags.DEFINE_string("tokenizer", "", "Tokenizer folder; empty = --checkpoint.")
@@ -62,23 +63,6 @@ _OVERLAP = flags.DEFINE_enum("overlap", "auto", ["auto", "on", "off"],
 
 PREFILL_SEQS = 4             # whole prompts per prefill step (prefill_first)
 MAX_PREFILL_TOKENS = 2048    # the largest prefill bucket packs prompts up to this many tokens
-
-
-def load_text(checkpoint: str, tokenizer_dir: str, mcfg):
-  """(tokenizer or None, why there is none, stop ids). Raises TextError for a tokenizer that
-  does not fit the checkpoint (vocabulary, stop ids)."""
-  from pdjax.text import stops
-  from pdjax.text.tokenizer import TextError, Tokenizer, has_tokenizer
-  folder = tokenizer_dir or checkpoint
-  tokenizer, why = None, f"no tokenizer.json in {folder} (pass --tokenizer)"
-  if tokenizer_dir or has_tokenizer(folder):
-    tokenizer = Tokenizer(folder)
-    if tokenizer.vocab_size > mcfg.vocab_size:
-      raise TextError(f"{folder}/tokenizer.json: token ids up to {tokenizer.vocab_size - 1} do "
-                      f"not fit the checkpoint's vocab_size={mcfg.vocab_size} "
-                      f"({checkpoint}/config.json)")
-  stop_ids = stops.stop_token_ids(checkpoint, mcfg.eos_token_ids, tokenizer, mcfg.vocab_size)
-  return tokenizer, why, stop_ids
 
 
 def output_row(r, tokenizer) -> dict:

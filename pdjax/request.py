@@ -40,6 +40,8 @@ class SamplingParams:
   max_new_tokens: int = 16
   ignore_eos: bool = False
   seed: int | None = None      # this request's sampling seed (None: derived from its id)
+  top_p: float = 1.0           # nucleus sampling: draw from the smallest set of most likely
+                               # tokens holding this much mass; 1.0 means no filter
 
 
 @dataclasses.dataclass(eq=False)   # a request is itself: queues find and remove it by identity

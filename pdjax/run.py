@@ -62,23 +62,14 @@ def policies_for(cfg, run: str, opts):
   return policy_lib.build(names, params, seed=cfg.seed)
 
 
-def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = False,
-            on_loaded=None, ray_cluster=None):
-  """Builds the run's instances (real or simulated), serves the workload; returns (summary,
-  RunResult, instances). Writes nothing. on_loaded(n) is called with the number of requests
-  the workload loaded, before serving (a trace may hold fewer than workload.num_requests).
-  ray_cluster: a started `distributed.launcher.RayCluster` (cluster.launcher=ray): each
-  instance is an actor in its own process, stopped when the run's summary is taken."""
-  from pdjax import serving
-  from pdjax.metrics.faults import fault_summary
-  from pdjax.metrics.kv_cache import kv_cache_summary
-  from pdjax.metrics.summary import summarize, summarize_extras
-  from pdjax.workload.loader import load_workload
-
+def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None):
+  """The instances of one run (real, simulated, or Ray actors) and what serving.serve takes
+  besides them: (mode, instances, serve kwargs: policies, injector, clock / transfer_fn for
+  the simulator and Ray, and the DriverOptions the config sets)."""
+  from pdjax.faults.injector import FaultInjector
   chunked = run == "chunked" or (run == "colocated" and
                                  cfg.scheduler.colocated_policy == "chunked_prefill")
   opts = options_lib.engine_options(cfg, chunked=chunked)
-  policies = policies_for(cfg, run, opts)
   mode = config_lib.RUNS[run]
   tiers = config_lib.tiers(cfg)[mode]
   serve_kwargs = {}
@@ -106,31 +97,25 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   if cfg.kv.prefix_cache:
     for inst in instances:
       inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)
-  requests, problems = load_workload(cfg.workload, seed=cfg.seed, vocab_size=mcfg.vocab_size,
-                                     eos_ids=mcfg.eos_token_ids,
-                                     max_model_len=cfg.kv.max_model_len,
-                                     temperature=cfg.sampling.temperature)
-  for line in problems if not quiet else ():
-    print(f"workload: {line}", file=sys.stderr)
-  if on_loaded is not None:
-    on_loaded(len(requests))
-  from pdjax.faults.injector import FaultInjector
   kv = cfg.kv
-  result = serving.serve(mode, instances, requests, on_progress=on_progress,
-                         policies=policies, injector=FaultInjector(config_lib.fault_spec(cfg)),
-                         shared_salt=kv.shared_salt, tenant_quota_pages=kv.tenant_quota_pages,
-                         flush_schedule=config_lib.flush_schedule(cfg),
-                         vocab_size=mcfg.vocab_size,
-                         transfer_failure_policy=kv.transfer_failure_policy,
-                         transfer_retries=kv.transfer_retries,
-                         transfer_backoff_s=kv.transfer_backoff_s,
-                         transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
-                         debug=cfg.debug, overlap=_overlap(cfg),
-                         **serve_kwargs)
-  if cfg.debug and cfg.backend == "jax":
-    from pdjax.engine.cluster import as_host   # an orbax checkpoint is read whole only here
-    serving.check_outputs_alone(result.requests, mcfg, as_host(host_params),
-                                dtype=cfg.model.dtype)
+  serve_kwargs.update(policies=policies_for(cfg, run, opts),
+                      injector=FaultInjector(config_lib.fault_spec(cfg)),
+                      shared_salt=kv.shared_salt, tenant_quota_pages=kv.tenant_quota_pages,
+                      flush_schedule=config_lib.flush_schedule(cfg), vocab_size=mcfg.vocab_size,
+                      transfer_failure_policy=kv.transfer_failure_policy,
+                      transfer_retries=kv.transfer_retries,
+                      transfer_backoff_s=kv.transfer_backoff_s,
+                      transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
+                      debug=cfg.debug, overlap=_overlap(cfg))
+  return mode, instances, serve_kwargs
+
+
+def summarize_run(cfg, run: str, result, instances, problems=()) -> dict:
+  """summary.json of a served run."""
+  from pdjax import serving
+  from pdjax.metrics.faults import fault_summary
+  from pdjax.metrics.kv_cache import kv_cache_summary
+  from pdjax.metrics.summary import summarize, summarize_extras
   duration = max(result.duration_s, 1e-9)
   summary = summarize(result.requests, mode=run, duration_s=duration,
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s,
@@ -145,7 +130,35 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                                          flushes=result.flushes)
   summary["faults"] = fault_summary(result.requests, result.faults)
   summary["steps"] = result.step_counts()
-  summary["workload_problems"] = problems
+  summary["workload_problems"] = list(problems)
+  return summary
+
+
+def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = False,
+            on_loaded=None, ray_cluster=None):
+  """Builds the run's instances (real or simulated), serves the workload; returns (summary,
+  RunResult, instances). Writes nothing. on_loaded(n) is called with the number of requests
+  the workload loaded, before serving (a trace may hold fewer than workload.num_requests).
+  ray_cluster: a started `distributed.launcher.RayCluster` (cluster.launcher=ray): each
+  instance is an actor in its own process, stopped when the run's summary is taken."""
+  from pdjax import serving
+  from pdjax.workload.loader import load_workload
+
+  mode, instances, serve_kwargs = build_run(cfg, mcfg, run, host_params, ray_cluster)
+  requests, problems = load_workload(cfg.workload, seed=cfg.seed, vocab_size=mcfg.vocab_size,
+                                     eos_ids=mcfg.eos_token_ids,
+                                     max_model_len=cfg.kv.max_model_len,
+                                     temperature=cfg.sampling.temperature)
+  for line in problems if not quiet else ():
+    print(f"workload: {line}", file=sys.stderr)
+  if on_loaded is not None:
+    on_loaded(len(requests))
+  result = serving.serve(mode, instances, requests, on_progress=on_progress, **serve_kwargs)
+  if cfg.debug and cfg.backend == "jax":
+    from pdjax.engine.cluster import as_host   # an orbax checkpoint is read whole only here
+    serving.check_outputs_alone(result.requests, mcfg, as_host(host_params),
+                                dtype=cfg.model.dtype)
+  summary = summarize_run(cfg, run, result, instances, problems)
   if ray_cluster is not None:
     ray_cluster.release(instances)   # their processes end; the next run starts its own
   return summary, result, instances
@@ -156,9 +169,6 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params,
   """Serves one run (see `execute`) and writes its folder (files, plots, trace.json);
   returns (summary, RunResult)."""
   from tqdm import tqdm
-  from pdjax.metrics import plots
-  from pdjax.metrics.report import write_run_files
-  from pdjax.metrics.trace import write_chrome_trace
 
   def set_total(n: int) -> None:   # the requests actually loaded, not workload.num_requests
     bar.total = n
@@ -168,6 +178,16 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params,
             file=sys.stderr) as bar:
     summary, result, _ = execute(cfg, mcfg, run, host_params, on_progress=bar.update,
                                  on_loaded=set_total, ray_cluster=ray_cluster)
+  write_outputs(workdir, cfg, run, summary, result)
+  return summary, result
+
+
+def write_outputs(workdir: str, cfg, run: str, summary: dict, result) -> None:
+  """One run's folder: config.json, requests.jsonl, summary.json, report.md, trace.json and
+  plots/ (pdjax.run and pdjax.serve write the same)."""
+  from pdjax.metrics import plots
+  from pdjax.metrics.report import write_run_files
+  from pdjax.metrics.trace import write_chrome_trace
   write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": run}, requests=result.requests,
                   summary=summary)
   os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
@@ -177,7 +197,6 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params,
   write_chrome_trace(os.path.join(workdir, "trace.json"), requests=result.requests,
                      steps=result.steps, role_switches=result.role_switches,
                      samples=result.samples)
-  return summary, result
 
 
 def main(argv) -> None:

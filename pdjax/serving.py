@@ -24,12 +24,12 @@ def driver_options(opts, max_decode_batch: int, pool_pages: int | None = None) -
 
 def serve(mode: str, instances: list, requests: list[Request],
           on_progress=None, policies=None, clock=None, transfer_fn=None,
-          injector=None, **overrides) -> RunResult:
+          injector=None, inbox=None, listener=None, **overrides) -> RunResult:
   """policies: a `pdjax.scheduler.policies.Policies` (default: least_loaded routers,
   always_disagg, no admission control, prefill_first, no role switching). clock and
   transfer_fn default to the real engine's (wall clock, device KV transfer); the simulator
   passes its virtual clock and simulated transfer. injector: a FaultInjector (default: no
-  faults); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...; overlap
+  faults); inbox / listener: online serving (see Driver.run); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...; overlap
   also takes "auto", the default: see `resolve_overlap`)."""
   opts = instances[0].opts
   overrides["overlap"] = resolve_overlap(overrides.get("overlap", "auto"), instances)
@@ -41,7 +41,7 @@ def serve(mode: str, instances: list, requests: list[Request],
   options = dataclasses.replace(driver_options(opts, max_batch, pool), **overrides)
   driver = Driver(mode, workers, options=options, clock=clock or WallClock(),
                   transfer_fn=transfer_fn, policies=policies, injector=injector)
-  result = driver.run(requests, on_progress=on_progress)
+  result = driver.run(requests, on_progress=on_progress, inbox=inbox, listener=listener)
   check_end_state(result, instances)
   return result
 

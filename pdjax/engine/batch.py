@@ -9,6 +9,9 @@ An input token may be a `PendingToken(row)`: the token the previous step on the 
 sampled in that row, still on the device. Its `prev_rows` entry names the row (-1: the token
 is in `tokens`), and the program takes it from the previous step's output.
 
+A row ends with its sampling parameters: temperature, seed and, optionally, top_p (a row of
+five elements samples with top_p 1.0: no nucleus filter).
+
 `pack` flattens a batch into one int32 buffer (float32 fields bitcast), so a step moves its
 metadata to the device in one transfer; the program unpacks it by the batch's static `layout`.
 """
@@ -51,11 +54,18 @@ class PageGeometry:
     return row
 
 
+def _sampling(params) -> tuple[float, int, float]:
+  """(temperature, seed, top_p) from a row's trailing (temperature, seed[, top_p])."""
+  temperature, seed, *rest = params
+  return temperature, seed, (rest[0] if rest else 1.0)
+
+
 def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int) -> dict:
-  """seqs: list of (token_ids, start, pages, temperature, seed): token_ids go at positions
-  start.. of that sequence, whose first `start` tokens are already in the cache (a chunk after
-  a cached prefix; a decode row is a one-token chunk). The program samples after each
-  sequence's last token, keyed by seed and position (see pdjax.engine.sampling)."""
+  """seqs: list of (token_ids, start, pages, temperature, seed[, top_p]): token_ids go at
+  positions start.. of that sequence, whose first `start` tokens are already in the cache (a
+  chunk after a cached prefix; a decode row is a one-token chunk). The program samples after
+  each sequence's last token, keyed by seed and position, from its top_p nucleus (see
+  pdjax.engine.sampling)."""
   if len(seqs) > max_seqs:
     raise ValueError(f"{len(seqs)} sequences exceed max_seqs={max_seqs}")
   total = sum(len(s[0]) for s in seqs)
@@ -69,9 +79,10 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int) -
   page_indices = np.zeros((max_seqs, geom.pages_per_seq), np.int32)
   cu_q_lens = np.zeros(max_seqs + 1, np.int32)
   temperatures = np.zeros(max_seqs, np.float32)
+  top_ps = np.ones(max_seqs, np.float32)
   at = 0
   seeds = np.zeros(max_seqs, np.int32)
-  for i, (ids, start, pages, temperature, seed) in enumerate(seqs):
+  for i, (ids, start, pages, *sampling) in enumerate(seqs):
     n = len(ids)
     if n == 1 and isinstance(ids[0], PendingToken):
       prev_rows[at] = ids[0].row
@@ -81,20 +92,20 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int) -
     slot_mapping[at:at + n] = geom.slots(pages, start, start + n)
     kv_lens[i] = start + n
     page_indices[i] = geom.table(pages)
-    temperatures[i] = temperature
-    seeds[i] = seed
+    temperatures[i], seeds[i], top_ps[i] = _sampling(sampling)
     at += n
     cu_q_lens[i + 1] = at
   cu_q_lens[len(seqs) + 1:] = at
   return dict(tokens=tokens, prev_rows=prev_rows, positions=positions,
               slot_mapping=slot_mapping, kv_lens=kv_lens, page_indices=page_indices,
               cu_q_lens=cu_q_lens, num_seqs=np.array([len(seqs)], np.int32),
-              temperatures=temperatures, seeds=seeds)
+              temperatures=temperatures, top_ps=top_ps, seeds=seeds)
 
 
 def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
-  """seqs: list of (last_token, position, pages, temperature, seed); position = where it
-  goes; seed = the request's sampling seed (Request.sampling_seed)."""
+  """seqs: list of (last_token, position, pages, temperature, seed[, top_p]); position = where
+  it goes; seed = the request's sampling seed (Request.sampling_seed); top_p: its nucleus
+  (default 1.0)."""
   if len(seqs) > batch_size:
     raise ValueError(f"{len(seqs)} sequences exceed the batch bucket {batch_size}")
   tokens = np.zeros(batch_size, np.int32)
@@ -104,8 +115,9 @@ def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
   lengths = np.ones(batch_size, np.int32)
   page_indices = np.zeros((batch_size, geom.pages_per_seq), np.int32)
   temperatures = np.zeros(batch_size, np.float32)
+  top_ps = np.ones(batch_size, np.float32)
   seeds = np.zeros(batch_size, np.int32)
-  for i, (token, pos, pages, temperature, seed) in enumerate(seqs):
+  for i, (token, pos, pages, *sampling) in enumerate(seqs):
     if isinstance(token, PendingToken):
       prev_rows[i] = token.row
     else:
@@ -114,11 +126,10 @@ def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
     slot_mapping[i] = geom.slots(pages, pos, pos + 1)[0]
     lengths[i] = pos + 1
     page_indices[i] = geom.table(pages)
-    temperatures[i] = temperature
-    seeds[i] = seed
+    temperatures[i], seeds[i], top_ps[i] = _sampling(sampling)
   return dict(tokens=tokens, prev_rows=prev_rows, positions=positions,
               slot_mapping=slot_mapping, lengths=lengths, page_indices=page_indices,
-              temperatures=temperatures, seeds=seeds)
+              temperatures=temperatures, top_ps=top_ps, seeds=seeds)
 
 
 def layout(batch: dict) -> tuple[tuple[str, tuple[int, ...], str], ...]:

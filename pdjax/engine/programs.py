@@ -54,7 +54,7 @@ def prefill(params, kv, flat, prev_tokens, *, model: Llama, seed: int, layout, t
   last = jnp.maximum(batch["cu_q_lens"][1:] - 1, 0)
   logits, kv = model.apply(params, input_tokens(batch, prev_tokens), kv, meta, last)
   keys = row_keys(seed, batch["seeds"], batch["kv_lens"])
-  return _padded(sample(logits, batch["temperatures"], keys), token_rows), kv
+  return _padded(sample(logits, batch["temperatures"], keys, batch["top_ps"]), token_rows), kv
 
 
 def decode(params, kv, flat, prev_tokens, *, model: Llama, seed: int, layout, token_rows: int):
@@ -67,7 +67,7 @@ def decode(params, kv, flat, prev_tokens, *, model: Llama, seed: int, layout, to
   rows = jnp.arange(batch["tokens"].shape[0])
   logits, kv = model.apply(params, input_tokens(batch, prev_tokens), kv, meta, rows)
   keys = row_keys(seed, batch["seeds"], batch["lengths"])
-  return _padded(sample(logits, batch["temperatures"], keys), token_rows), kv
+  return _padded(sample(logits, batch["temperatures"], keys, batch["top_ps"]), token_rows), kv
 
 
 def gather_pages(kv, page_ids):

@@ -97,8 +97,12 @@ class Collect:
     return True
 
   def _emit(self, w: Worker, req: Request, token: int, now: float) -> bool:
-    """Appends a generated token; finishes the request (freeing its pages) when it is done."""
-    if not req.add_token(token, now):
+    """Appends a generated token; finishes the request (freeing its pages) when it is done:
+    EOS, max_new_tokens, or the run's listener says so (a server's stop string)."""
+    done = req.add_token(token, now)
+    if self._listener is not None and self._listener.on_token(req):
+      done = True
+    if not done:
       return False
     w.forget(req)
     if w.tables.cache is not None:

@@ -45,6 +45,7 @@ from pdjax.scheduler.worker import Worker
 
 POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
 BLOCK_MAX_S = 0.01   # longest blocking wait on pending objects that can block (see _block)
+IDLE_WAIT_S = 0.05   # an idle driver serving an inbox checks back this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +130,8 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
     self._tiers: dict[str, list[Worker]] | None = None
     self._draining: list[Worker] = []
     self._init_recovery()
+    self._inbox = self._listener = None
+    self.requests: list[Request] = []   # the run's requests (Driver.run)
 
   def _touch(self, w: Worker) -> None:
     self._touched.add(self._index[id(w)])
@@ -136,6 +139,8 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
   def _finish(self, req: Request, status: Status, now: float, reason: str = "") -> None:
     req.finish(status, now, reason)
     self._terminal += 1      # counted here: summing over all requests every turn is O(n^2)
+    if self._listener is not None:
+      self._listener.on_finish(req)
 
   def tier(self, role: str) -> list[Worker]:
     """The workers serving `role` now (not draining), in worker order; cached until a role
@@ -149,12 +154,21 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
 
   # ---- the loop ----------------------------------------------------------------------------
 
-  def run(self, requests: list[Request], on_progress=None) -> RunResult:
+  def run(self, requests: list[Request], on_progress=None, inbox=None,
+          listener=None) -> RunResult:
+    """Serves `requests` (and, with an `inbox` (scheduler/inbox.py), whatever other threads
+    hand it until the inbox is closed) to their terminal states. listener: an object with
+    `on_token(req) -> bool` (called after each generated token; True ends the request there,
+    finished: a server's stop string) and `on_finish(req)` (called once a request is terminal)."""
+    requests = self.requests = list(requests)   # grows with the inbox's submissions
     arrivals = deque(sorted(requests, key=lambda r: r.arrival_s))
     self._terminal = sum(r.status.terminal for r in requests)
+    self._inbox, self._listener = inbox, listener
     done = self._terminal
     while True:
       now = self.clock.now()
+      if inbox is not None:
+        self._take_inbox(inbox, requests, arrivals)
       self._run_events(now)
       self._reclaim_leases(now)
       self._admit(arrivals)
@@ -184,8 +198,12 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
       if inflight or self._pending_transfers or self._restarting:
         continue
       if done >= len(requests) and not arrivals:
-        break
+        if inbox is None or inbox.closed:
+          break
       due = [t for t in (arrivals[0].arrival_s if arrivals else None, wake) if t is not None]
+      if inbox is not None and (due or done >= len(requests)):
+        inbox.wait(min(due) - self.clock.now() if due else IDLE_WAIT_S)   # or a submission
+        continue
       if due:
         self.clock.sleep_until(min(due))
         continue
@@ -206,6 +224,22 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
                       **self.fault_counts})
+
+  def _take_inbox(self, inbox, requests: list[Request], arrivals: deque) -> None:
+    """New requests join the arrivals (stamped by their submitter), cancellations apply, calls
+    run here, on the driver's thread."""
+    for kind, payload in inbox.take():
+      if kind == "request":
+        requests.append(payload)
+        arrivals.append(payload)
+      elif kind == "cancel":
+        self.cancel(payload, "client")
+      else:
+        fn, future = payload
+        try:
+          future.set_result(fn(self))
+        except Exception as e:  # pylint: disable=broad-except  (the caller re-raises it)
+          future.set_exception(e)
 
   def _flush_tenant(self, tenant: str) -> None:
     """A scheduled tenant flush: nothing of the tenant's can be hit after."""
@@ -231,6 +265,7 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
     while True:
       ready = [w for w in inflight if w.inflight.pending.ready()]
       if ready or (wake is not None and self.clock.now() >= wake) or \
+          (self._inbox is not None and self._inbox.pending()) or \
           any(t.ready() for *_, t in self._pending_transfers) or \
           any(p.ready() for _, p in self._restarting.values()):
         return ready

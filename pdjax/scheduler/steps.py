@@ -50,13 +50,14 @@ class Steps:
         token, pos = PendingToken(rows[id(r)]), r.prompt_len + len(r.output_ids)
       else:
         token, pos = r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1
-      decode_rows.append((token, pos, table(r.id), r.sampling.temperature, r.sampling_seed))
+      decode_rows.append((token, pos, table(r.id), r.sampling.temperature, r.sampling_seed,
+                          r.sampling.top_p))
     prev = (getattr(w.inflight.pending, "inner", w.inflight.pending),) if ahead else ()
     if plan.chunks:
       kind = "mixed" if plan.decodes else "prefill"
       seqs = [(req.prefill_tokens[start:end], start, table(req.id), req.sampling.temperature,
-               req.sampling_seed) for req, start, end in plan.chunks]
-      seqs += [([tok], pos, pages, t, seed) for tok, pos, pages, t, seed in decode_rows]
+               req.sampling_seed, req.sampling.top_p) for req, start, end in plan.chunks]
+      seqs += [([tok], *rest) for tok, *rest in decode_rows]
       call = lambda: w.instance.prefill(seqs, *prev)
     else:
       kind, call = "decode", lambda: w.instance.decode(decode_rows, *prev)

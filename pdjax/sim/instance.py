@@ -79,13 +79,15 @@ class SimInstance:
     return digest
 
   def prefill(self, seqs) -> SimPending:
-    """seqs: (token_ids, start, pages, temperature, seed) as on the real instance."""
+    """seqs: (token_ids, start, pages, temperature, seed[, top_p]) as on the real instance
+    (the sampling parameters are ignored)."""
     seconds = self.cost.prefill_s([(len(ids), start) for ids, start, *_ in seqs])
     tokens = [self._token(self._write(ids, start, pages)) for ids, start, pages, *_ in seqs]
     return self._pending(seconds, tokens, "prefill")
 
   def decode(self, seqs) -> SimPending:
-    """seqs: (last_token, position, pages, temperature, seed) as on the real instance."""
+    """seqs: (last_token, position, pages, temperature, seed[, top_p]) as on the real instance
+    (the sampling parameters are ignored)."""
     seconds = self.cost.decode_s([pos + 1 for _, pos, *_ in seqs])
     tokens = [self._token(self._write([tok], pos, pages)) for tok, pos, pages, *_ in seqs]
     return self._pending(seconds, tokens, "decode")

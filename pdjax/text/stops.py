@@ -1,5 +1,6 @@
 """The token ids generation stops at: generation_config.json's `eos_token_id` (an id or a list),
-else config.json's, else the tokenizer's EOS token (what transformers' `generate` uses)."""
+else config.json's, else the tokenizer's EOS token (what transformers' `generate` uses); and
+`load_text`, a checkpoint's tokenizer with its stop ids (pdjax.generate, pdjax.serve)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,19 @@ def stop_token_ids(folder: str, config_eos: tuple[int, ...] = (), tokenizer=None
       raise TextError(f"{path}: stop token {bad[0]} is outside the vocabulary "
                       f"[0, {vocab_size})")
   return tuple(ids)
+
+
+def load_text(checkpoint: str, tokenizer_dir: str, mcfg):
+  """(tokenizer or None, why there is none, stop ids). Raises TextError for a tokenizer that
+  does not fit the checkpoint (vocabulary, stop ids)."""
+  from pdjax.text.tokenizer import Tokenizer, has_tokenizer
+  folder = tokenizer_dir or checkpoint
+  tokenizer, why = None, f"no tokenizer.json in {folder} (pass --tokenizer)"
+  if tokenizer_dir or has_tokenizer(folder):
+    tokenizer = Tokenizer(folder)
+    if tokenizer.vocab_size > mcfg.vocab_size:
+      raise TextError(f"{folder}/tokenizer.json: token ids up to {tokenizer.vocab_size - 1} do "
+                      f"not fit the checkpoint's vocab_size={mcfg.vocab_size} "
+                      f"({checkpoint}/config.json)")
+  stop_ids = stop_token_ids(checkpoint, mcfg.eos_token_ids, tokenizer, mcfg.vocab_size)
+  return tokenizer, why, stop_ids

@@ -1,0 +1,139 @@
+"""An OpenAI-compatible HTTP server over the P/D engine.
+
+  python -m pdjax.serve --config=configs/smollm2.py --host=127.0.0.1 --port=8000 \\
+      [--config.mode=disaggregated] [--workdir=DIR] [--grace_s=30]
+
+Serves the config's mode (colocated, disaggregated; colocated with
+scheduler.colocated_policy=chunked_prefill for chunked prefill) on the same instances, policies
+and KV transfer as `pdjax.run`: POST /v1/completions and /v1/chat/completions (streaming or
+not), GET /v1/models, /health and /metrics (Prometheus). The driver runs on the wall clock in
+its own thread (pdjax/server/engine.py). SIGINT / SIGTERM: stop admitting (new requests get
+503), let requests in flight finish for --grace_s, cancel the rest, then write the run's
+requests.jsonl, summary.json, report.md, trace.json and plots/ into --workdir as `pdjax.run`
+does, and check the end-of-run invariants (every request terminal, every page back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import uvicorn
+from absl import app, flags, logging
+
+from pdjax import config as config_lib
+from pdjax import run as run_lib   # defines --config and --workdir, shared with pdjax.run
+from pdjax.cli import fail, use_cpu_devices
+
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
+_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
+_GRACE = flags.DEFINE_float("grace_s", 30.0, "On shutdown, how long requests in flight may "
+                            "still finish before they are cancelled.")
+_NAME = flags.DEFINE_string("served_model_name", "", "The model id clients name; default: "
+                            "model.checkpoint, else the preset name.")
+
+
+def run_name(cfg) -> str:
+  """The run served: colocated, chunked or disaggregated."""
+  if cfg.mode == "colocated" and cfg.scheduler.colocated_policy == "chunked_prefill":
+    return "chunked"
+  return cfg.mode
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  logging.set_verbosity(logging.WARNING)
+  try:
+    cfg = run_lib.CONFIG.value
+    cfg.mode  # a config file that failed to load raises here, on first use
+  except OSError as e:
+    fail(f"config error: cannot load --config: {e}")
+  try:
+    mcfg = config_lib.validate(cfg)
+    if cfg.mode not in ("colocated", "disaggregated"):
+      raise config_lib.ConfigError(f"mode={cfg.mode!r}: the server runs one mode, colocated or "
+                                   "disaggregated (chunked: colocated with "
+                                   "scheduler.colocated_policy=chunked_prefill)")
+    if cfg.backend != "jax":
+      raise config_lib.ConfigError(f"backend={cfg.backend!r}: the server needs the real engine "
+                                   "(backend='jax')")
+    use_cpu_devices(cfg.num_cpu_devices)
+    import jax
+    config_lib.validate(cfg, device_count=jax.device_count())
+  except config_lib.ConfigError as e:
+    fail(f"config error: {e}")
+  from pdjax.engine.cluster import enable_compile_cache, host_params
+  from pdjax.text.stops import load_text
+  from pdjax.text.tokenizer import TextError
+
+  enable_compile_cache(cfg.compile_cache_dir)
+  default = run_lib.default_workdir(flags.FLAGS["config"].config_filename)
+  workdir = run_lib.WORKDIR.value or os.path.join(os.path.dirname(default),
+                                                  "serve-" + os.path.basename(default))
+  tokenizer, stop_ids = None, tuple(mcfg.eos_token_ids)
+  try:
+    if cfg.model.checkpoint or cfg.model.tokenizer:
+      tokenizer, _, stop_ids = load_text(cfg.model.checkpoint, cfg.model.tokenizer, mcfg)
+    in_driver = config_lib.launcher(cfg) == "local" or cfg.debug
+    params = (host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
+                          dtype=cfg.model.dtype) if in_driver else None)
+  except (TextError, KeyError, ValueError) as e:
+    fail(f"config error: {e.args[0]}")
+  name = _NAME.value or cfg.model.checkpoint or cfg.model.preset
+  run = run_name(cfg)
+  with run_lib.ray_cluster_for(cfg) as ray_cluster:
+    result, instances = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name)
+    summary = run_lib.summarize_run(cfg, run, result, instances)
+  run_lib.write_outputs(workdir, cfg, run, summary, result)
+  print(f"results: {workdir}", flush=True)
+
+
+def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
+  """Builds the instances, serves HTTP until a signal, then drains; (RunResult, instances)."""
+  from pdjax.server.app import make_app
+  from pdjax.server.engine import OnlineEngine
+  from pdjax.server.prometheus import ServerMetrics
+
+  mode, instances, serve_kwargs = run_lib.build_run(cfg, mcfg, run, params, ray_cluster)
+  metrics = ServerMetrics(model_name=name)
+  engine = OnlineEngine(mode, instances, tokenizer=tokenizer, eos_ids=stop_ids,
+                        metrics=metrics, **serve_kwargs)
+  engine.start()
+  web = make_app(engine, model_name=name, max_model_len=cfg.kv.max_model_len,
+                 vocab_size=mcfg.vocab_size, metrics=metrics)
+  server = _Server(uvicorn.Config(web, host=_HOST.value, port=_PORT.value, log_level="warning",
+                                  timeout_graceful_shutdown=_GRACE.value), engine)
+  print(f"serving {name!r} ({run}) on http://{_HOST.value}:{_PORT.value}", flush=True)
+  server.run()
+  return engine.stop(_GRACE.value), instances
+
+
+class _Server(uvicorn.Server):
+  """uvicorn's server, with the engine told to drain as soon as a signal arrives (requests
+  on open connections get 503 while the streams in flight finish)."""
+
+  def __init__(self, config, engine):
+    super().__init__(config)
+    self.engine = engine
+
+  def handle_exit(self, sig, frame):
+    self.engine.draining = True
+    super().handle_exit(sig, frame)
+
+  @contextlib.contextmanager
+  def capture_signals(self):
+    """SIGINT / SIGTERM start the shutdown (a second one forces it); unlike uvicorn's own,
+    the signal is not re-raised afterwards: the run's files are still to be written."""
+    previous = {sig: signal.signal(sig, self.handle_exit)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+      yield
+    finally:
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=run_lib.parse_flags)

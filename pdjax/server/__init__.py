@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server (python -m pdjax.serve) and its parts."""

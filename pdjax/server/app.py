@@ -1,0 +1,176 @@
+"""The HTTP endpoints (FastAPI): /v1/completions, /v1/chat/completions (whole answers or SSE
+streams of `data: {...}` chunks ending with `data: [DONE]`), /v1/models, /health, /metrics.
+
+Status codes: 400 for a request the server refuses to run (bad JSON, an unknown parameter or
+model, an empty or over-long prompt: protocol.py), 429 when admission control rejects it (the
+reason as the message), 503 while the server drains, 500 when the engine failed the request
+(the reason). A client that disconnects (mid-stream, or while waiting for a whole answer) has
+its request cancelled at once: its pages are freed on every tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pdjax.request import Status
+from pdjax.server import protocol
+from pdjax.server.engine import Draining, OnlineEngine
+
+DISCONNECT_POLL_S = 0.5   # a non-streaming request checks for its client this often
+
+
+def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab_size: int,
+             metrics=None, lifespan=None) -> FastAPI:
+  app = FastAPI(title="pdjax", lifespan=lifespan)
+
+  def error(e: protocol.ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+  @app.get("/health")
+  async def health():
+    if engine.draining or not engine.alive:
+      return JSONResponse({"status": "draining" if engine.alive else "stopped"}, 503)
+    return {"status": "ok"}
+
+  @app.get("/v1/models")
+  async def models():
+    return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                        "owned_by": "pdjax", "max_model_len": max_model_len}]}
+
+  @app.get("/metrics")
+  async def prometheus():
+    if metrics is None:
+      return Response("", media_type="text/plain")
+    if engine.alive:
+      from pdjax.server.prometheus import engine_state
+      future = engine.inbox.call(engine_state)
+      state = await asyncio.wrap_future(future)
+      metrics.update(state)
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)
+
+  async def generate(http: HttpRequest, chat: bool):
+    try:
+      try:
+        body = json.loads(await http.body())
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise protocol.ApiError(400, f"the request body is not valid JSON: {e}") from None
+      g = protocol.parse(body, chat=chat, model_name=model_name, tokenizer=engine.tokenizer,
+                         max_model_len=max_model_len, vocab_size=vocab_size)
+      if g.stop and engine.tokenizer is None:
+        raise protocol.ApiError(400, "stop strings need a tokenizer; this server has none",
+                                "stop")
+      rid = protocol.new_id(chat)
+      queue: asyncio.Queue = asyncio.Queue()
+      try:
+        req = engine.submit(rid, g, queue)
+      except Draining as e:
+        raise protocol.ApiError(503, str(e)) from None
+    except protocol.ApiError as e:
+      return error(e)
+    first = await _next_event(engine, http, req, queue)
+    if first[0] == "end" and _refusal(engine, first[1]) is not None:
+      refused = _refusal(engine, first[1])     # rejected or failed before any text: a status
+      return JSONResponse(refused.body(), status_code=refused.status)
+    if first[0] == "error":
+      return JSONResponse(protocol.ApiError(500, first[1]).body(), status_code=500)
+    if g.stream:
+      return StreamingResponse(_stream(engine, g, rid, req, first, queue, model_name),
+                               media_type="text/event-stream",
+                               headers={"Cache-Control": "no-cache"})
+    return await _whole(engine, http, g, rid, req, first, queue, model_name)
+
+  @app.post("/v1/completions")
+  async def completions(http: HttpRequest):
+    return await generate(http, chat=False)
+
+  @app.post("/v1/chat/completions")
+  async def chat_completions(http: HttpRequest):
+    return await generate(http, chat=True)
+
+  return app
+
+
+def _refusal(engine: OnlineEngine, req) -> protocol.ApiError | None:
+  """Why an ended request got no answer (None: it finished)."""
+  if req.status is Status.FINISHED:
+    return None
+  if req.status is Status.REJECTED:
+    return protocol.ApiError(503 if engine.draining else 429, req.reason)
+  if req.status is Status.CANCELLED:
+    return protocol.ApiError(503 if engine.draining else 499, req.reason)
+  return protocol.ApiError(500, req.reason or f"request {req.status.value}")
+
+
+def _finish_reason(req, stopped: bool) -> str:
+  return "stop" if stopped else (req.finish_reason or "length")
+
+
+async def _next_event(engine, http, req, queue):
+  """The request's next event; meanwhile a client that went away cancels it."""
+  while True:
+    try:
+      return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+    except asyncio.TimeoutError:
+      if await http.is_disconnected():
+        engine.cancel(req)
+
+
+async def _whole(engine, http, g, rid, req, first, queue, model_name):
+  pieces, event = [], first
+  while True:
+    if event is None:
+      event = await _next_event(engine, http, req, queue)
+    if event[0] == "text":
+      pieces.append(event[1])
+      event = None
+    elif event[0] == "error":
+      return JSONResponse(protocol.ApiError(500, event[1]).body(), status_code=500)
+    else:
+      _, req, stopped = event
+      refused = _refusal(engine, req)
+      if refused is not None:
+        return JSONResponse(refused.body(), status_code=refused.status)
+      text = "".join(pieces)
+      return protocol.response(g, rid, model_name, text, _finish_reason(req, stopped),
+                               len(req.output_ids))
+
+
+async def _stream(engine, g, rid, req, event, queue, model_name):
+  """SSE: the first chunk carries the request id (chat: and the role) as soon as the first
+  text is known; then a chunk per piece of text, the finish reason, usage if asked, [DONE].
+  A request that ends without an answer streams one error object."""
+  first, done = True, False
+  try:
+    while True:
+      event = event or await queue.get()
+      if event[0] == "text":
+        yield _sse(protocol.chunk(g, rid, model_name, event[1], first=first))
+        first, event = False, None
+        continue
+      done = True
+      if event[0] == "error":
+        yield _sse(protocol.ApiError(500, event[1]).body())
+        break
+      _, req, stopped = event
+      refused = _refusal(engine, req)
+      if refused is not None:
+        yield _sse(refused.body())
+        break
+      yield _sse(protocol.chunk(g, rid, model_name, "" if first else None,
+                                _finish_reason(req, stopped), first=first))
+      if g.include_usage:
+        yield _sse(protocol.usage_chunk(g, rid, model_name, len(req.output_ids)))
+      break
+    yield "data: [DONE]\n\n"
+  finally:
+    if not done:              # the client went away (the response was cancelled)
+      engine.cancel(req)
+
+
+def _sse(obj: dict) -> str:
+  return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

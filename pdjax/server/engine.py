@@ -1,0 +1,153 @@
+"""The serving engine behind the HTTP server: the pdjax driver running on the wall clock in its
+own thread, fed through an Inbox, reporting each request's text back to the asyncio loop of
+the HTTP handlers. Pure Python (instances are built by the caller; no jax here).
+
+    HTTP handler ──submit(Request, Generation)──► Inbox ──► driver thread (Driver.run)
+         ▲                                                        │ on_token / on_finish
+         └──── asyncio.Queue per request ◄── loop.call_soon_threadsafe ┘
+
+Events a handler receives: ("text", piece, tokens so far) and, last, ("end", request).
+Draining (shutdown): no new request is taken; `stop` cancels what is left after the grace
+period, closes the inbox and joins the thread, which returns the run's RunResult.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from pdjax import serving
+from pdjax.request import Request, SamplingParams
+from pdjax.scheduler.clock import WallClock
+from pdjax.scheduler.inbox import Inbox
+from pdjax.server.text_stream import TextStream
+
+
+class Draining(Exception):
+  """The server is shutting down: no new request is taken."""
+
+
+class _Channel:
+  def __init__(self, loop, queue: asyncio.Queue, stream: TextStream):
+    self.loop, self.queue, self.stream = loop, queue, stream
+
+  def send(self, event) -> None:
+    self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+class OnlineEngine:
+
+  def __init__(self, mode: str, instances: list, *, tokenizer, eos_ids: tuple[int, ...],
+               metrics=None, **serve_kwargs):
+    """serve_kwargs: what serving.serve takes besides the requests (policies, injector,
+    transfer_fn, DriverOptions overrides)."""
+    self.mode, self.instances, self.tokenizer, self.eos_ids = mode, instances, tokenizer, eos_ids
+    self.metrics = metrics
+    self.clock = WallClock()
+    self.inbox = Inbox()
+    self.draining = False
+    self.result = None          # the RunResult, once the thread ended
+    self.error: BaseException | None = None
+    self._serve_kwargs = serve_kwargs
+    self._channels: dict[int, _Channel] = {}
+    self._live: dict[int, Request] = {}
+    self.requests: list[Request] = []   # every request submitted, in order
+    self._lock = threading.Lock()
+    self._thread = threading.Thread(target=self._run, name="pdjax-driver", daemon=True)
+
+  def start(self) -> None:
+    self._thread.start()
+
+  def _run(self) -> None:
+    try:
+      self.result = serving.serve(self.mode, self.instances, [], clock=self.clock,
+                                  inbox=self.inbox, listener=self, **self._serve_kwargs)
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised by stop())
+      self.error = e
+      with self._lock:
+        channels = list(self._channels.values())
+      for ch in channels:       # nobody waits forever on a driver that died
+        ch.send(("error", f"the engine stopped: {type(e).__name__}: {e}"))
+
+  @property
+  def alive(self) -> bool:
+    return self._thread.is_alive()
+
+  # ---- handler side (asyncio thread) --------------------------------------------------------
+
+  def submit(self, rid: str, g, queue: asyncio.Queue) -> Request:
+    """Hands a checked request (protocol.Generation) to the driver; its events arrive on
+    `queue`. Raises Draining once shutdown began."""
+    if self.draining or not self.alive:
+      raise Draining("the server is shutting down")
+    req = Request(id=rid, arrival_s=self.clock.now(), prompt_ids=list(g.prompt_ids),
+                  sampling=SamplingParams(temperature=g.temperature, max_new_tokens=g.max_tokens,
+                                          ignore_eos=g.ignore_eos, seed=g.seed, top_p=g.top_p),
+                  eos_ids=() if g.ignore_eos else self.eos_ids)
+    stream = TextStream(self.tokenizer, g.stop, req.eos_ids) if self.tokenizer else None
+    with self._lock:
+      self._channels[id(req)] = _Channel(asyncio.get_running_loop(), queue, stream)
+      self._live[id(req)] = req
+      self.requests.append(req)
+    try:
+      self.inbox.submit(req)
+    except RuntimeError:
+      with self._lock:
+        del self._channels[id(req)], self._live[id(req)]
+        self.requests.remove(req)
+      raise Draining("the server is shutting down") from None
+    return req
+
+  def cancel(self, req: Request) -> None:
+    """The client went away: the driver cancels req (pages freed on every tier)."""
+    if not req.status.terminal:
+      self.inbox.cancel(req)
+
+  def live_requests(self) -> int:
+    with self._lock:
+      return len(self._live)
+
+  # ---- driver side (the driver's thread: Driver.run's listener) -------------------------------
+
+  def on_token(self, req: Request) -> bool:
+    with self._lock:
+      ch = self._channels.get(id(req))
+    if ch is None:
+      return False
+    piece = ch.stream.add(req.output_ids[-1]) if ch.stream else ""
+    if piece:
+      ch.send(("text", piece, len(req.output_ids)))
+    return bool(ch.stream and ch.stream.stopped)
+
+  def on_finish(self, req: Request) -> None:
+    if self.metrics is not None:
+      self.metrics.request_finished(req)
+    with self._lock:
+      ch = self._channels.pop(id(req), None)
+      self._live.pop(id(req), None)
+    if ch is None:
+      return
+    rest = ch.stream.finish() if ch.stream else ""
+    if rest:
+      ch.send(("text", rest, len(req.output_ids)))
+    ch.send(("end", req, bool(ch.stream and ch.stream.stopped)))
+
+  # ---- shutdown --------------------------------------------------------------------------------
+
+  def stop(self, grace_s: float) -> object:
+    """Stops taking requests, lets those in flight finish for up to grace_s, cancels the
+    rest, ends the driver's run and returns its RunResult (re-raising what stopped it)."""
+    self.draining = True
+    deadline = self.clock.now() + grace_s
+    while self.live_requests() and self.alive and self.clock.now() < deadline:
+      time.sleep(0.05)
+    with self._lock:
+      left = list(self._live.values())
+    for req in left:
+      self.cancel(req)
+    self.inbox.close()
+    self._thread.join()
+    if self.error is not None:
+      raise self.error
+    return self.result

@@ -1,0 +1,237 @@
+"""The OpenAI API as pdjax serves it: request bodies checked and turned into token ids and
+sampling parameters, and the response / stream chunk bodies. Pure Python (no jax, no web
+framework).
+
+Supported: POST /v1/completions (`prompt`: a string, a list of token ids, or a one-element list
+of either) and /v1/chat/completions (`messages` rendered with the checkpoint's chat template),
+with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop`
+(a string or up to 4), `n` (1 only), `stream`, `stream_options.include_usage`, `user`, and
+vLLM's `ignore_eos`. Any other parameter with a value is refused (400) by name: silently
+ignoring it would make a comparison with another server wrong without saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
+          "stream_options", "ignore_eos", "user"}
+COMPLETION_KEYS = COMMON | {"prompt"}
+CHAT_KEYS = COMMON | {"messages", "max_completion_tokens"}
+DEFAULT_COMPLETION_TOKENS = 16      # OpenAI's (and vLLM's) default for /v1/completions
+MAX_STOPS = 4
+
+
+class ApiError(Exception):
+  """A request the server refuses: HTTP status and a one-line message (OpenAI's error body)."""
+
+  def __init__(self, status: int, message: str, param: str | None = None):
+    super().__init__(message)
+    self.status, self.message, self.param = status, message, param
+
+  def body(self) -> dict:
+    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
+            503: "service_unavailable"}.get(self.status, "server_error")
+    return {"error": {"message": self.message, "type": kind, "param": self.param,
+                      "code": self.status}}
+
+
+@dataclasses.dataclass
+class Generation:
+  """One checked request: what the engine runs and how the answer is shaped."""
+  chat: bool
+  prompt_ids: list[int]
+  max_tokens: int
+  temperature: float
+  top_p: float
+  seed: int | None
+  stop: tuple[str, ...]
+  stream: bool
+  include_usage: bool
+  ignore_eos: bool
+
+
+def parse(body, *, chat: bool, model_name: str, tokenizer, max_model_len: int,
+          vocab_size: int) -> Generation:
+  """Checks a request body; raises ApiError(400) naming the first problem."""
+  if not isinstance(body, dict):
+    raise ApiError(400, "the request body must be a JSON object")
+  keys = CHAT_KEYS if chat else COMPLETION_KEYS
+  for key, value in body.items():
+    if key not in keys and value is not None:
+      raise ApiError(400, f"unsupported parameter: {key!r}", key)
+  model = body.get("model")
+  if model != model_name:
+    raise ApiError(400, f"model {model!r} is not served here (this server serves "
+                   f"{model_name!r})", "model")
+  n = body.get("n")
+  if n is not None and n != 1:
+    raise ApiError(400, f"n={n!r} is not supported (only n=1)", "n")
+  prompt_ids = _chat_ids(body, tokenizer) if chat else _prompt_ids(body, tokenizer)
+  if not prompt_ids:
+    raise ApiError(400, "the prompt is empty", "messages" if chat else "prompt")
+  bad = next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
+  if bad is not None:
+    raise ApiError(400, f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})",
+                   "prompt")
+  room = max_model_len - len(prompt_ids)
+  if room < 1:
+    raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; max_model_len = "
+                   f"{max_model_len} leaves no room for an answer", "prompt")
+  key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None \
+      else "max_tokens"
+  default = room if chat else min(DEFAULT_COMPLETION_TOKENS, room)
+  max_tokens = _int(body, key, default, lo=1)
+  if len(prompt_ids) + max_tokens > max_model_len:
+    raise ApiError(400, f"prompt_len + {key} = {len(prompt_ids) + max_tokens} exceeds "
+                   f"max_model_len = {max_model_len}", key)
+  temperature = _number(body, "temperature", 1.0, lo=0.0, hi=2.0)
+  top_p = _number(body, "top_p", 1.0, lo=0.0, hi=1.0)
+  if top_p == 0.0:
+    raise ApiError(400, "top_p must be in (0, 1]", "top_p")
+  seed = body.get("seed")
+  if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+    raise ApiError(400, f"seed={seed!r} must be an integer", "seed")
+  stream = _bool(body, "stream", False)
+  options = body.get("stream_options")
+  if options is not None and (not stream or not isinstance(options, dict)
+                              or set(options) - {"include_usage"}):
+    raise ApiError(400, "stream_options must be {\"include_usage\": bool}, with stream=true",
+                   "stream_options")
+  include_usage = bool((options or {}).get("include_usage", False))
+  return Generation(chat=chat, prompt_ids=prompt_ids, max_tokens=max_tokens,
+                    temperature=temperature, top_p=top_p, seed=seed, stop=_stops(body),
+                    stream=stream, include_usage=include_usage,
+                    ignore_eos=_bool(body, "ignore_eos", False))
+
+
+def _prompt_ids(body: dict, tokenizer) -> list[int]:
+  prompt = body.get("prompt")
+  if isinstance(prompt, list) and prompt and not all(_is_int(t) for t in prompt):
+    if len(prompt) != 1:
+      raise ApiError(400, f"one prompt per request (got {len(prompt)})", "prompt")
+    prompt = prompt[0]
+  if isinstance(prompt, str):
+    if tokenizer is None:
+      raise ApiError(400, "text prompts need a tokenizer; this server has none (send token "
+                     "ids)", "prompt")
+    return tokenizer.encode(prompt) if prompt else []
+  if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+    return list(prompt)
+  raise ApiError(400, "prompt must be a string or a list of token ids", "prompt")
+
+
+def _chat_ids(body: dict, tokenizer) -> list[int]:
+  messages = body.get("messages")
+  if not isinstance(messages, list) or not messages:
+    raise ApiError(400, "messages must be a non-empty list", "messages")
+  plain = []
+  for m in messages:
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+      raise ApiError(400, "each message must be an object with a role and content", "messages")
+    content = m.get("content")
+    if isinstance(content, list):   # [{"type": "text", "text": ...}, ...]
+      if not all(isinstance(p, dict) and p.get("type") == "text"
+                 and isinstance(p.get("text"), str) for p in content):
+        raise ApiError(400, "only text content parts are supported", "messages")
+      content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+      raise ApiError(400, "message content must be a string or text parts", "messages")
+    plain.append({"role": m["role"], "content": content})
+  if tokenizer is None or tokenizer.chat_template is None:
+    raise ApiError(400, "chat requests need a chat template; this server's model has none",
+                   "messages")
+  return tokenizer.encode_chat(plain)
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+  stop = body.get("stop")
+  if stop is None:
+    return ()
+  stops = [stop] if isinstance(stop, str) else stop
+  if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
+      or len(stops) > MAX_STOPS:
+    raise ApiError(400, f"stop must be a non-empty string or a list of up to {MAX_STOPS}",
+                   "stop")
+  return tuple(stops)
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int(body: dict, key: str, default: int, lo: int) -> int:
+  v = body.get(key)
+  if v is None:
+    return default
+  if not _is_int(v) or v < lo:
+    raise ApiError(400, f"{key}={v!r} must be an integer >= {lo}", key)
+  return v
+
+
+def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
+  v = body.get(key)
+  if v is None:
+    return default
+  if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+    raise ApiError(400, f"{key}={v!r} must be a number in [{lo:g}, {hi:g}]", key)
+  return float(v)
+
+
+def _bool(body: dict, key: str, default: bool) -> bool:
+  v = body.get(key)
+  if v is None:
+    return default
+  if not isinstance(v, bool):
+    raise ApiError(400, f"{key}={v!r} must be true or false", key)
+  return v
+
+
+# ---- responses ---------------------------------------------------------------------------------
+
+def new_id(chat: bool) -> str:
+  return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+  return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+          "total_tokens": prompt_tokens + completion_tokens}
+
+
+def response(g: Generation, rid: str, model: str, text: str, finish_reason: str,
+             completion_tokens: int) -> dict:
+  """The whole (non-streamed) answer."""
+  base = {"id": rid, "created": int(time.time()), "model": model,
+          "usage": usage(len(g.prompt_ids), completion_tokens)}
+  if g.chat:
+    return {**base, "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish_reason}]}
+  return {**base, "object": "text_completion",
+          "choices": [{"index": 0, "text": text, "logprobs": None,
+                       "finish_reason": finish_reason}]}
+
+
+def chunk(g: Generation, rid: str, model: str, text: str | None,
+          finish_reason: str | None = None, first: bool = False) -> dict:
+  """One streamed chunk: a piece of text and/or the finish reason (chat's first chunk also
+  carries the assistant role)."""
+  base = {"id": rid, "created": int(time.time()), "model": model}
+  if g.chat:
+    delta = {"role": "assistant"} if first else {}
+    if text is not None:
+      delta["content"] = text
+    return {**base, "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                         "finish_reason": finish_reason}]}
+  return {**base, "object": "text_completion",
+          "choices": [{"index": 0, "text": text or "", "logprobs": None,
+                       "finish_reason": finish_reason}]}
+
+
+def usage_chunk(g: Generation, rid: str, model: str, completion_tokens: int) -> dict:
+  return {"id": rid, "created": int(time.time()), "model": model,
+          "object": "chat.completion.chunk" if g.chat else "text_completion", "choices": [],
+          "usage": usage(len(g.prompt_ids), completion_tokens)}
