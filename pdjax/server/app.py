@@ -54,6 +54,7 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
     return Response(body, media_type=content_type)
 
   async def generate(http: HttpRequest, chat: bool):
+    arrival_s = engine.clock.now()    # on receipt: parsing and tokenizing count as queue time
     try:
       try:
         body = json.loads(await http.body())
@@ -67,7 +68,7 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
       rid = protocol.new_id(chat)
       queue: asyncio.Queue = asyncio.Queue()
       try:
-        req = engine.submit(rid, g, queue)
+        req = engine.submit(rid, g, queue, arrival_s=arrival_s)
       except Draining as e:
         raise protocol.ApiError(503, str(e)) from None
     except protocol.ApiError as e:

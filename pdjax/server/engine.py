@@ -76,12 +76,14 @@ class OnlineEngine:
 
   # ---- handler side (asyncio thread) --------------------------------------------------------
 
-  def submit(self, rid: str, g, queue: asyncio.Queue) -> Request:
+  def submit(self, rid: str, g, queue: asyncio.Queue, arrival_s: float | None = None) -> Request:
     """Hands a checked request (protocol.Generation) to the driver; its events arrive on
-    `queue`. Raises Draining once shutdown began."""
+    `queue`. arrival_s: when the server received it (default now), on `clock`. Raises
+    Draining once shutdown began."""
     if self.draining or not self.alive:
       raise Draining("the server is shutting down")
-    req = Request(id=rid, arrival_s=self.clock.now(), prompt_ids=list(g.prompt_ids),
+    arrival_s = self.clock.now() if arrival_s is None else arrival_s
+    req = Request(id=rid, arrival_s=arrival_s, prompt_ids=list(g.prompt_ids),
                   sampling=SamplingParams(temperature=g.temperature, max_new_tokens=g.max_tokens,
                                           ignore_eos=g.ignore_eos, seed=g.seed, top_p=g.top_p),
                   eos_ids=() if g.ignore_eos else self.eos_ids)
