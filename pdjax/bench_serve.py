@@ -27,7 +27,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from pdjax import config as config_lib
-from pdjax.cli import describe_config_flag_error, fail, first_and_last_line
+from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, parse_flags
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
                                "default.py")
@@ -295,14 +295,6 @@ def main(argv, holders: dict) -> None:
     with open(holders["output"].value, "w") as f:
       json.dump(result, f, indent=1)
     print(f"result: {holders['output'].value}")
-
-
-def parse_flags(argv):
-  """absl's parser, but a bad flag or config key is one line on stderr, not a usage dump."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    fail(f"config error: {first_and_last_line(str(e))}")
 
 
 def entry_point() -> None:

@@ -29,7 +29,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from pdjax import config as config_lib
-from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, use_cpu_devices
+from pdjax.cli import (describe_config_flag_error, fail, first_and_last_line, parse_flags,
+                       use_cpu_devices)
 
 MIN_POINT_S = 0.05
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
@@ -330,13 +331,6 @@ def main(argv) -> None:
     print(f"tp={tp}: prefill {fits['prefill']}, decode {fits['decode']}, "
           f"transfer {fits['transfer']}; mean relative error {fits['mean_rel_error']}")
   print(f"profile: {out}")
-
-
-def parse_flags(argv):
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    fail(f"config error: {first_and_last_line(str(e))}")
 
 
 if __name__ == "__main__":

@@ -38,3 +38,13 @@ def describe_config_flag_error(error: Exception, argv: list[str]) -> str:
       if m and missing in m.group(1).split("."):
         return f"config error: unknown config key {m.group(1)!r} (in {arg})"
   return f"config error: {first_and_last_line(f'{type(error).__name__}: {error}')}"
+
+
+def parse_flags(argv):
+  """absl's flag parser, but a bad flag or config key is one line on stderr (exit 2), not a
+  usage dump (the entry points' `flags_parser`)."""
+  from absl import flags
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(f"config error: {first_and_last_line(str(e))}")

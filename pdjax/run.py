@@ -20,7 +20,8 @@ from ml_collections import config_flags
 
 from pdjax import config as config_lib
 from pdjax.engine import options as options_lib
-from pdjax.cli import describe_config_flag_error, fail, first_and_last_line, use_cpu_devices
+from pdjax.cli import (describe_config_flag_error, fail, first_and_last_line, parse_flags,
+                       use_cpu_devices)
 
 # Shipped inside the package (pdjax/configs/), so an installed pdjax finds it from any cwd.
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
@@ -274,14 +275,6 @@ def write_comparison(workdir: str, summaries: dict, results: dict) -> None:
 
 
 BENEFIT_BUCKETS = [0, 64, 128, 256, 512, 1024, 4096]
-
-
-def parse_flags(argv):
-  """absl's parser, but a bad flag or config key is one line on stderr, not a usage dump."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    fail(f"config error: {first_and_last_line(str(e))}")
 
 
 def entry_point() -> None:

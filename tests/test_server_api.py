@@ -13,7 +13,7 @@ from pdjax.server.app import make_app
 from pdjax.server.engine import OnlineEngine
 from pdjax.server.text_stream import TextStream
 
-from fake_engine import OPTS, FakeInstance, Worker  # noqa: F401
+from fake_engine import OPTS, FakeInstance
 
 
 class _Clock:
