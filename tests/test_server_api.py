@@ -165,3 +165,26 @@ def test_text_stream_holds_back_a_split_stop_and_unfinished_characters():
   t = TextStream(Bytes())
   out = "".join(t.add(b) for b in "añb".encode()) + t.finish()
   assert out == "añb"
+
+
+def test_without_a_tokenizer_answers_carry_token_ids():
+  inst = FakeInstance("colocated-0", _Clock(), num_pages=32)
+  inst.role = "colocated"
+  inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
+                            prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
+  engine = OnlineEngine("colocated", [inst], tokenizer=None, eos_ids=(110,))
+  engine.start()
+  app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000)
+  with TestClient(app) as client:
+    r = _post(client, "/v1/completions", prompt=[1] * 7, max_tokens=5)
+    assert r.json()["choices"][0] | {} == {"index": 0, "text": "", "logprobs": None,
+                                           "finish_reason": "stop", "token_ids": [107, 108, 109]}
+    with client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": [1] * 7,
+                                                        "max_tokens": 2, "stream": True}) as s:
+      chunks = [json.loads(l[6:]) for l in s.iter_lines() if l.startswith("data: {")]
+    assert [c["choices"][0].get("token_ids") for c in chunks] == [[107], [108], None]
+    r = _post(client, "/v1/completions", prompt="12")
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "text prompts need a tokenizer; this server has none (send token ids)")
+  result = engine.stop(grace_s=1.0)
+  assert [q.status.value for q in result.requests] == ["finished", "finished"]

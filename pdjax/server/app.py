@@ -122,12 +122,13 @@ async def _next_event(engine, http, req, queue):
 
 
 async def _whole(engine, http, g, rid, req, first, queue, model_name):
-  pieces, event = [], first
+  pieces, ids, event = [], [], first
   while True:
     if event is None:
       event = await _next_event(engine, http, req, queue)
     if event[0] == "text":
       pieces.append(event[1])
+      ids += event[3] or []
       event = None
     elif event[0] == "error":
       return JSONResponse(protocol.ApiError(500, event[1]).body(), status_code=500)
@@ -138,7 +139,7 @@ async def _whole(engine, http, g, rid, req, first, queue, model_name):
         return JSONResponse(refused.body(), status_code=refused.status)
       text = "".join(pieces)
       return protocol.response(g, rid, model_name, text, _finish_reason(req, stopped),
-                               len(req.output_ids))
+                               len(req.output_ids), token_ids=ids or None)
 
 
 async def _stream(engine, g, rid, req, event, queue, model_name):
@@ -150,7 +151,8 @@ async def _stream(engine, g, rid, req, event, queue, model_name):
     while True:
       event = event or await queue.get()
       if event[0] == "text":
-        yield _sse(protocol.chunk(g, rid, model_name, event[1], first=first))
+        yield _sse(protocol.chunk(g, rid, model_name, event[1], first=first,
+                                  token_ids=event[3]))
         first, event = False, None
         continue
       done = True

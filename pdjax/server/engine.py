@@ -6,7 +6,9 @@ the HTTP handlers. Pure Python (instances are built by the caller; no jax here).
          ▲                                                        │ on_token / on_finish
          └──── asyncio.Queue per request ◄── loop.call_soon_threadsafe ┘
 
-Events a handler receives: ("text", piece, tokens so far) and, last, ("end", request).
+Events a handler receives: ("text", piece, tokens so far, token ids or None) and, last,
+("end", request, ended by a stop string). Without a tokenizer the pieces are empty and carry
+the token ids instead (the chunks' "token_ids").
 Draining (shutdown): no new request is taken; `stop` cancels what is left after the grace
 period, closes the inbox and joins the thread, which returns the run's RunResult.
 """
@@ -117,10 +119,14 @@ class OnlineEngine:
       ch = self._channels.get(id(req))
     if ch is None:
       return False
-    piece = ch.stream.add(req.output_ids[-1]) if ch.stream else ""
+    if ch.stream is None:   # no tokenizer: the stream carries token ids (chunk "token_ids")
+      if req.output_ids[-1] not in req.eos_ids:
+        ch.send(("text", "", len(req.output_ids), [req.output_ids[-1]]))
+      return False
+    piece = ch.stream.add(req.output_ids[-1])
     if piece:
-      ch.send(("text", piece, len(req.output_ids)))
-    return bool(ch.stream and ch.stream.stopped)
+      ch.send(("text", piece, len(req.output_ids), None))
+    return ch.stream.stopped
 
   def on_finish(self, req: Request) -> None:
     if self.metrics is not None:
@@ -132,7 +138,7 @@ class OnlineEngine:
       return
     rest = ch.stream.finish() if ch.stream else ""
     if rest:
-      ch.send(("text", rest, len(req.output_ids)))
+      ch.send(("text", rest, len(req.output_ids), None))
     ch.send(("end", req, bool(ch.stream and ch.stream.stopped)))
 
   # ---- shutdown --------------------------------------------------------------------------------

@@ -201,34 +201,38 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def response(g: Generation, rid: str, model: str, text: str, finish_reason: str,
-             completion_tokens: int) -> dict:
-  """The whole (non-streamed) answer."""
+             completion_tokens: int, token_ids: list[int] | None = None) -> dict:
+  """The whole (non-streamed) answer. token_ids (a server without a tokenizer): the
+  generated ids, in the choice's "token_ids" (as vLLM's return_token_ids)."""
   base = {"id": rid, "created": int(time.time()), "model": model,
           "usage": usage(len(g.prompt_ids), completion_tokens)}
+  extra = {} if token_ids is None else {"token_ids": token_ids}
   if g.chat:
     return {**base, "object": "chat.completion",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}]}
+                         "logprobs": None, "finish_reason": finish_reason, **extra}]}
   return {**base, "object": "text_completion",
           "choices": [{"index": 0, "text": text, "logprobs": None,
-                       "finish_reason": finish_reason}]}
+                       "finish_reason": finish_reason, **extra}]}
 
 
 def chunk(g: Generation, rid: str, model: str, text: str | None,
-          finish_reason: str | None = None, first: bool = False) -> dict:
+          finish_reason: str | None = None, first: bool = False,
+          token_ids: list[int] | None = None) -> dict:
   """One streamed chunk: a piece of text and/or the finish reason (chat's first chunk also
-  carries the assistant role)."""
+  carries the assistant role; token_ids: see `response`)."""
   base = {"id": rid, "created": int(time.time()), "model": model}
+  extra = {} if token_ids is None else {"token_ids": token_ids}
   if g.chat:
     delta = {"role": "assistant"} if first else {}
     if text is not None:
       delta["content"] = text
     return {**base, "object": "chat.completion.chunk",
             "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                         "finish_reason": finish_reason}]}
+                         "finish_reason": finish_reason, **extra}]}
   return {**base, "object": "text_completion",
           "choices": [{"index": 0, "text": text or "", "logprobs": None,
-                       "finish_reason": finish_reason}]}
+                       "finish_reason": finish_reason, **extra}]}
 
 
 def usage_chunk(g: Generation, rid: str, model: str, completion_tokens: int) -> dict:
