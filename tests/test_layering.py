@@ -10,7 +10,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HOST_LOGIC = ["pdjax/scheduler", "pdjax/kv", "pdjax/request.py", "pdjax/metrics",
-              "pdjax/workload", "pdjax/faults", "pdjax/text"]
+              "pdjax/workload", "pdjax/faults", "pdjax/text",
+              "pdjax/server/protocol.py", "pdjax/server/text_stream.py",
+              "pdjax/server/prometheus.py"]
 
 
 def _module_name(path: pathlib.Path) -> str:
