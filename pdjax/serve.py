@@ -4,7 +4,8 @@
       [--config.mode=disaggregated] [--workdir=DIR] [--grace_s=30]
 
 Serves the config's mode (colocated, disaggregated; colocated with
-scheduler.colocated_policy=chunked_prefill for chunked prefill) on the same instances, policies
+scheduler.colocated_policy=chunked_prefill for chunked prefill; compare, the shipped configs'
+default, serves disaggregated) on the same instances, policies
 and KV transfer as `pdjax.run`: POST /v1/completions and /v1/chat/completions (streaming or
 not), GET /v1/models, /health and /metrics (Prometheus). The driver runs on the wall clock in
 its own thread (pdjax/server/engine.py). SIGINT / SIGTERM: stop admitting (new requests get
@@ -38,10 +39,11 @@ _NAME = flags.DEFINE_string("served_model_name", "", "The model id clients name;
 
 
 def run_name(cfg) -> str:
-  """The run served: colocated, chunked or disaggregated."""
+  """The run served: colocated, chunked or disaggregated (mode=compare, the shipped configs'
+  default, serves the disaggregated engine: one server runs one mode)."""
   if cfg.mode == "colocated" and cfg.scheduler.colocated_policy == "chunked_prefill":
     return "chunked"
-  return cfg.mode
+  return "disaggregated" if cfg.mode == "compare" else cfg.mode
 
 
 def main(argv) -> None:
@@ -55,10 +57,6 @@ def main(argv) -> None:
     fail(f"config error: cannot load --config: {e}")
   try:
     mcfg = config_lib.validate(cfg)
-    if cfg.mode not in ("colocated", "disaggregated"):
-      raise config_lib.ConfigError(f"mode={cfg.mode!r}: the server runs one mode, colocated or "
-                                   "disaggregated (chunked: colocated with "
-                                   "scheduler.colocated_policy=chunked_prefill)")
     if cfg.backend != "jax":
       raise config_lib.ConfigError(f"backend={cfg.backend!r}: the server needs the real engine "
                                    "(backend='jax')")
