@@ -281,6 +281,9 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
            "must be >= 0")
   _require(0 < s.saturation <= 1, "scheduler.saturation", s.saturation, "must be in (0, 1]")
 
+  trace_steps = cfg.get("output", {}).get("trace_steps", "auto")
+  _require(trace_steps in ("auto", "full"), "output.trace_steps", trace_steps,
+           "is not one of ['auto', 'full']")
   error = validate_workload(cfg.workload)
   if error:
     raise ConfigError(error)

@@ -195,9 +195,11 @@ def write_outputs(workdir: str, cfg, run: str, summary: dict, result) -> None:
   plots.plot_latency_cdfs({run: result.requests}, os.path.join(workdir, "plots", "latency_cdf.png"))
   plots.plot_tier_timeline(result.steps, result.samples, result.role_switches,
                            os.path.join(workdir, "plots", "tier_timeline.png"))
+  full = cfg.get("output", {}).get("trace_steps", "auto") == "full"
   write_chrome_trace(os.path.join(workdir, "trace.json"), requests=result.requests,
                      steps=result.steps, role_switches=result.role_switches,
-                     samples=result.samples)
+                     samples=result.samples,
+                     **({"max_step_events": None} if full else {}))
 
 
 def main(argv) -> None:

@@ -41,6 +41,8 @@ CASES = [
      "config error: cluster.pull_timeout_s=0.0 must be a finite number > 0"),
     (["--config.cluster.launcher=ray", "--config.cluster.ray_accelerator=npu"],
      "config error: cluster.ray_accelerator='npu' is not one of ['auto', 'cpu', 'gpu', 'tpu']"),
+    (["--config.output.trace_steps=some"],
+     "config error: output.trace_steps='some' is not one of ['auto', 'full']"),
     (["--config.workload.rate=abc"],
      "config error: flag --config.workload.rate=abc: could not convert string to float: 'abc'"),
 ]

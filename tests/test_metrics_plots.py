@@ -1,12 +1,19 @@
-"""Tests for pdjax.metrics.plots: every plot writes a non-empty PNG, with data and empty."""
+"""Tests for pdjax.metrics.plots: every plot writes a non-empty PNG, with data and empty; the
+tier timeline of a long run is binned (pdjax.metrics.timeline_bins: exact, and adding up to
+timeline.tier_stats), without a bar per step."""
 
 import pytest
 
 pytest.importorskip("matplotlib")
 
+import numpy as np  # noqa: E402
+
 from pdjax.metrics.plots import (plot_goodput_curves, plot_latency_cdfs,  # noqa: E402
                                  plot_tier_timeline)
+from pdjax.metrics.timeline import tier_stats  # noqa: E402
+from pdjax.metrics.timeline_bins import tier_bins  # noqa: E402
 from pdjax.request import Request, Status  # noqa: E402
+from test_metrics_timeline import sample, sim_result, step  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -48,3 +55,71 @@ def test_plots_empty(tmp_path):
   assert is_png(plot_goodput_curves({}, 0.9, str(tmp_path / "c.png")))
   assert is_png(plot_goodput_curves({"x": []}, 0.9, str(tmp_path / "d.png")))
   assert is_png(plot_tier_timeline([], [], [], str(tmp_path / "e.png")))
+
+
+def test_tier_timeline_binned_past_the_bound(tmp_path, monkeypatch):
+  """More steps than max_exact_steps: per-tier lines per bin, no bar per step."""
+  import matplotlib.axes
+  from pdjax.metrics import plots
+
+  def no_bars(*args, **kwargs):
+    raise AssertionError("a bar per step")
+
+  monkeypatch.setattr(matplotlib.axes.Axes, "broken_barh", no_bars)
+  steps, samples = [], []
+  for i in range(300):
+    for inst, role in (("p0", "prefill"), ("d0", "decode"), ("d1", "decode")):
+      steps.append({"instance": inst, "role": role, "kind": role, "start_s": 0.1 * i,
+                    "end_s": 0.1 * i + 0.05, "num_seqs": 1 + i % 4, "num_tokens": 8})
+      samples.append({"t": 0.1 * i, "instance": inst, "role": role, "queued": i % 7,
+                      "running": 1 + i % 4, "kv_pages_used": i % 50, "kv_pages_total": 64,
+                      "kv_pages_cached": i % 3})
+  switches = [{"t": 12.0, "instance": "d1", "from": "decode", "to": "prefill"}]
+  path = str(tmp_path / "plots" / "tier_timeline.png")
+  assert plots.plot_tier_timeline(steps, samples, switches, path, max_exact_steps=100) == path
+  assert is_png(path)
+  with pytest.raises(AssertionError, match="a bar per step"):   # the exact drawing has them
+    plots.plot_tier_timeline(steps, samples, switches, path)
+
+
+def test_tier_bins_exact():
+  """Two 1 s bins: a is sampled in prefill (2, then 6 at 0.5 s) and in decode from 1.5 s; b in
+  prefill from 0.5 s; a's prefill step spans the bin edge."""
+  steps = [step("a", "prefill", "prefill", 0.25, 1.25, 1), step("a", "decode", "decode", 1.5, 2, 1)]
+  samples = [sample(0.0, "a", "prefill", 2, 1, 5, 10), sample(0.5, "a", "prefill", 6, 0, 0, 10),
+             sample(1.5, "a", "decode", 1, 1, 10, 10), sample(0.5, "b", "prefill", 0, 0, 0, 0)]
+  b = tier_bins(steps, samples, bins=2)
+  assert b["edges"].tolist() == [0.0, 1.0, 2.0] and b["width"] == 1.0 and b["end"] == 2.0
+  pre, dec = b["roles"]["prefill"], b["roles"]["decode"]
+  assert (pre["members"], dec["members"]) == (2, 1)
+  assert pre["busy"].tolist() == [0.375, 0.125] and dec["busy"].tolist() == [0.0, 0.5]
+  assert pre["instances"].tolist() == [1.5, 1.5] and dec["instances"].tolist() == [0.0, 0.5]
+  assert pre["queued"]["mean"].tolist() == pytest.approx([4 / 1.5, 2.0])
+  assert pre["queued"]["max"].tolist() == [6.0, 6.0]   # bin 1: a's 6, held from bin 0
+  assert pre["kv_used_pct"]["mean"].tolist() == pytest.approx([25 / 1.5, 0.0])
+  nan = float("nan")
+  assert dec["queued"]["mean"].tolist() == pytest.approx([nan, 1.0], nan_ok=True)
+  assert dec["kv_used_pct"]["max"].tolist() == pytest.approx([nan, 100.0], nan_ok=True)
+  assert tier_bins([], []) == {}
+
+
+@pytest.mark.parametrize("name", ["role_switch", "prefix_faults"])
+def test_tier_bins_add_up_to_tier_stats(name):
+  """Over the whole run the bins' busy time, time-weighted means and maxima are tier_stats'."""
+  r = sim_result(name)
+  b = tier_bins(r.steps, r.samples, bins=50)
+  assert 10 < len(b["edges"]) - 1 <= 50
+  lengths = np.diff(np.minimum(b["edges"], b["end"]))
+  stats = tier_stats(r.steps, r.samples, b["end"])["roles"]
+  for role, tier in b["roles"].items():
+    st = stats[role]
+    assert tier["members"] == len(st["instances"])
+    assert np.sum(tier["busy"] * lengths) * tier["members"] == pytest.approx(
+        st["busy_fraction"] * b["end"] * tier["members"], rel=1e-6)
+    held = tier["instances"] * lengths
+    for q in ("queued", "running"):
+      mean = tier[q]["mean"]
+      ok = held > 0
+      assert np.sum(mean[ok] * held[ok]) / np.sum(held) == pytest.approx(st[q]["mean"],
+                                                                        rel=1e-9)
+      assert np.nanmax(tier[q]["max"]) == st[q]["max"]

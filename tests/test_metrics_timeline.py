@@ -1,5 +1,6 @@
 """Tests for pdjax.metrics.timeline: tier stats, reject grouping, preemptions (hand-made
-inputs, hand-computed numbers)."""
+inputs, hand-computed numbers); tier_stats equal to its per-sample Python version on simulated
+and random records; columns.Records."""
 
 import pytest
 
@@ -140,3 +141,166 @@ def test_summarize_extras():
                      "host_overhead", "host_time"}
   assert ex["preemptions"] == 3 and ex["role_switches"] == sw
   assert ex["tiers"] == tier_stats(STEPS, SAMPLES, 10.0)
+
+
+# --- tier_stats before numpy (per-sample Python), as the reference: the numpy version must
+# give the same stats (floats to the last bit) with the same keys in the same order.
+
+def _old_busy(intervals, duration_s):
+  total, cur_a, cur_b = 0.0, None, None
+  for a, b in sorted((max(0.0, a), min(duration_s, b)) for a, b in intervals):
+    if b <= a:
+      continue
+    if cur_b is None or a > cur_b:
+      total += 0.0 if cur_b is None else cur_b - cur_a
+      cur_a, cur_b = a, b
+    else:
+      cur_b = max(cur_b, b)
+  return total + (0.0 if cur_b is None else cur_b - cur_a)
+
+
+def _old_weights(samples, duration_s):
+  weights, by_inst = [0.0] * len(samples), {}
+  for i, s in enumerate(samples):
+    by_inst.setdefault(s["instance"], []).append(i)
+  for idx in by_inst.values():
+    idx.sort(key=lambda i: samples[i]["t"])
+    for j, i in enumerate(idx):
+      t = float(samples[i]["t"])
+      nxt = float(samples[idx[j + 1]]["t"]) if j + 1 < len(idx) else max(duration_s, t)
+      weights[i] = nxt - t
+  return weights
+
+
+def _old_wmean(values, weights):
+  if not values:
+    return None
+  total = sum(weights)
+  if total <= 0:
+    return sum(values) / len(values)
+  return sum(v * w for v, w in zip(values, weights)) / total
+
+
+def _old_state(samples, weights):
+  queued = [float(s["queued"]) for s in samples]
+  running = [float(s["running"]) for s in samples]
+  pairs = [(s["kv_pages_used"] / s["kv_pages_total"], w)
+           for s, w in zip(samples, weights) if s["kv_pages_total"] > 0]
+  fracs = [f for f, _ in pairs]
+  return {"samples": len(samples),
+          "queued": {"mean": _old_wmean(queued, weights),
+                     "max": int(max(queued)) if queued else None},
+          "running": {"mean": _old_wmean(running, weights),
+                      "max": int(max(running)) if running else None},
+          "kv_pages_used_max": max((int(s["kv_pages_used"]) for s in samples), default=None),
+          "kv_used_frac_mean": _old_wmean(fracs, [w for _, w in pairs]),
+          "kv_used_frac_max": max(fracs, default=None)}
+
+
+def _old_steps(steps):
+  kinds = ("prefill", "decode", "mixed")
+  counts, tokens, hist = ({k: 0 for k in kinds}, {k: 0 for k in kinds},
+                          {k: {} for k in kinds})
+  for s in steps:
+    kind = s["kind"]
+    counts[kind] = counts.get(kind, 0) + 1
+    tokens[kind] = tokens.get(kind, 0) + int(s["num_tokens"])
+    h = hist.setdefault(kind, {})
+    h[int(s["num_seqs"])] = h.get(int(s["num_seqs"]), 0) + 1
+  return {"steps": counts, "steps_total": len(steps), "tokens": tokens,
+          "batch_size_hist": {k: {str(n): h[n] for n in sorted(h)} for k, h in hist.items()}}
+
+
+def old_tier_stats(steps, samples, duration_s):
+  weights = _old_weights(samples, duration_s)
+  names = sorted({s["instance"] for s in steps} | {s["instance"] for s in samples})
+  roles = sorted({s["role"] for s in steps} | {s["role"] for s in samples})
+
+  def select(role=None, inst=None):
+    ok = lambda s: (role is None or s["role"] == role) and (inst is None or s["instance"] == inst)
+    sel = [(s, w) for s, w in zip(samples, weights) if ok(s)]
+    return [s for s, _ in sel], [w for _, w in sel], [s for s in steps if ok(s)]
+
+  instances = {}
+  for name in names:
+    smp, w, st = select(inst=name)
+    busy = _old_busy(((s["start_s"], s["end_s"]) for s in st), duration_s)
+    instances[name] = {"roles": sorted({s["role"] for s in st} | {s["role"] for s in smp}),
+                       "busy_fraction": busy / duration_s, **_old_state(smp, w),
+                       **_old_steps(st)}
+  by_role = {}
+  for role in roles:
+    smp, w, st = select(role=role)
+    members = sorted({s["instance"] for s in st} | {s["instance"] for s in smp})
+    busy = sum(_old_busy(((s["start_s"], s["end_s"]) for s in st if s["instance"] == m),
+                         duration_s) for m in members)
+    by_role[role] = {"instances": members, "busy_fraction": busy / (len(members) * duration_s),
+                     **_old_state(smp, w), **_old_steps(st)}
+  return {"instances": instances, "roles": by_role}
+
+
+def assert_same(got, want, path="stats"):
+  """Equal with the same key order and types, floats to the last bit (summary.json, and so the
+  sim snapshots, must not move)."""
+  if isinstance(want, dict):
+    assert isinstance(got, dict) and list(got) == list(want), path
+    for k in want:
+      assert_same(got[k], want[k], f"{path}.{k}")
+  else:
+    assert got == want and type(got) is type(want), (path, got, want)
+
+
+def sim_result(name, run="disaggregated"):
+  from sim_snapshots import CONFIGS, _config
+  from pdjax import config as config_lib
+  from pdjax.run import execute
+  cfg = _config(CONFIGS[name])
+  _, result, _ = execute(cfg, config_lib.validate(cfg), run, None, quiet=True)
+  return result
+
+
+@pytest.mark.parametrize("name,run", [("role_switch", "disaggregated"), ("base", "chunked"),
+                                      ("prefix_faults", "disaggregated")])
+def test_tier_stats_matches_the_reference_on_sim_runs(name, run):
+  r = sim_result(name, run)
+  for duration in (r.duration_s, r.duration_s / 2):   # the second clips steps and samples
+    assert_same(tier_stats(r.steps, r.samples, duration),
+                old_tier_stats(r.steps, r.samples, duration))
+
+
+def test_tier_stats_matches_the_reference_on_random_records():
+  """Overlapping steps, ties and disorder in sample times, empty pools, an unknown kind."""
+  import random
+  rng = random.Random(0)
+  steps, samples = [], []
+  for _ in range(400):
+    a = rng.uniform(-1, 11)
+    steps.append(step(rng.choice("xyz"), rng.choice(["prefill", "decode"]),
+                      rng.choice(["prefill", "decode", "mixed", "spec"]), a,
+                      a + rng.choice([0, rng.uniform(0, 2)]), rng.randint(1, 9),
+                      rng.randint(1, 500)))
+    samples.append(sample(rng.choice([rng.uniform(0, 12), 5.0]), rng.choice("xyw"),
+                          rng.choice(["prefill", "decode"]), rng.randint(0, 9),
+                          rng.randint(0, 9), rng.randint(0, 40), rng.choice([0, 40, 64])))
+  assert_same(tier_stats(steps, samples, 10.0), old_tier_stats(steps, samples, 10.0))
+  assert_same(tier_stats(STEPS, SAMPLES, 10.0), old_tier_stats(STEPS, SAMPLES, 10.0))
+
+
+def test_records_keep_their_columns_until_changed():
+  """A Records list is read once per key: the same (read-only) arrays again, new ones after a
+  change; the stats are those of a plain list."""
+  from pdjax.metrics import columns
+  steps = columns.Records(STEPS)
+  first, = columns.numbers(steps, ("start_s",))
+  again, = columns.numbers(steps, ("start_s",))
+  assert again is first and not first.flags.writeable
+  assert columns.codes(steps, "instance")[1] == ["d0", "p0"]
+  assert tier_stats(steps, columns.Records(SAMPLES), 10.0) == tier_stats(STEPS, SAMPLES, 10.0)
+  steps.append(step("q0", "decode", "decode", 1.0, 2.0, 1))
+  assert columns.numbers(steps, ("start_s",))[0].tolist() == [s["start_s"] for s in steps]
+  assert columns.codes(steps, "instance")[1] == ["d0", "p0", "q0"]
+  steps[0] = step("a", "prefill", "prefill", 9.0, 9.5, 1)
+  assert columns.numbers(steps, ("start_s",))[0][0] == 9.0
+  assert columns.numbers([{"x": 1.0}, {}], ("x",), {"x": 5.0})[0].tolist() == [1.0, 5.0]
+  with pytest.raises(KeyError):
+    columns.numbers([{"x": 1.0}, {}], ("x",))

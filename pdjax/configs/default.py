@@ -91,6 +91,9 @@ def get_config(arg=None):
   c.sampling = ml_collections.ConfigDict(dict(temperature=0.0))
   c.slo = ml_collections.ConfigDict(dict(ttft_s=1.0, tpot_s=0.1, attainment=0.9))
   c.progress = True
+  c.output = ml_collections.ConfigDict()
+  c.output.trace_steps = "auto"            # trace.json: auto (every step up to 200,000, then
+                                           #   binned per instance and time) | full (every step)
   c.debug = False                          # invariants after every scheduler turn; jax: each greedy
                                            # output == the same request run alone (slow)
 

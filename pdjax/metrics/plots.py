@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import numpy as np
+
 from pdjax.request import Request, Status
 
 
@@ -90,8 +92,22 @@ def plot_goodput_curves(curves: dict[str, Sequence[tuple[float, float]]], target
   return _save(fig, path)
 
 
+EXACT_MAX_STEPS = 5_000   # plot_tier_timeline draws every step and sample up to this many
+
+
 def plot_tier_timeline(steps: Sequence[dict], samples: Sequence[dict],
-                       role_switches: Sequence[dict], path: str) -> str:
+                       role_switches: Sequence[dict], path: str, *,
+                       max_exact_steps: int = EXACT_MAX_STEPS) -> str:
+  """The run's tiers over time. Up to max_exact_steps steps (and 4x as many samples): one
+  panel per instance with every sample and step (_plot_instances). Past that, binned
+  (pdjax.metrics.timeline_bins): one panel per quantity, a line per tier (role)."""
+  if len(steps) <= max_exact_steps and len(samples) <= 4 * max_exact_steps:
+    return _plot_instances(steps, samples, role_switches, path)
+  return _plot_tiers(steps, samples, role_switches, path)
+
+
+def _plot_instances(steps: Sequence[dict], samples: Sequence[dict],
+                    role_switches: Sequence[dict], path: str) -> str:
   """One panel per instance: queue depth and running batch size over time (step
   functions from the samples), page-pool occupancy (% of the pool held by sequences, and
   % cached but idle when a prefix cache is on) on a right-hand axis, busy intervals as a band
@@ -139,6 +155,52 @@ def plot_tier_timeline(steps: Sequence[dict], samples: Sequence[dict],
     elif not spans:
       _note(ax, "no samples")
   axes[-1, 0].set_xlabel("time (s); gray band: engine steps")
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+TIER_PANELS = (("queued", "queued per instance"), ("running", "running per instance"),
+               ("kv_used_pct", "KV pages used %"), ("busy", "busy %"))
+
+
+def _plot_tiers(steps: Sequence[dict], samples: Sequence[dict],
+                role_switches: Sequence[dict], path: str) -> str:
+  """Per tier (role, one color) and bin of timeline_bins.tier_bins: the per-instance mean
+  (line) and max (band up to it) of the queue, the running batch and the KV pages used (and
+  cached, dashed, when a prefix cache is on); the tier's busy % per bin; role switches as
+  dotted red lines."""
+  from pdjax.metrics.timeline_bins import tier_bins
+  plt = _pyplot()
+  binned = tier_bins(steps, samples)
+  fig, axes = plt.subplots(len(TIER_PANELS), 1, sharex=True, figsize=(11, 10))
+  centers = (binned["edges"][:-1] + binned["edges"][1:]) / 2
+  switches = [sw["t"] for sw in role_switches]
+  for ax, (key, title) in zip(axes, TIER_PANELS):
+    for i, (role, tier) in enumerate(binned["roles"].items()):
+      color = f"C{i}"
+      if key == "busy":
+        n = tier["members"]
+        ax.plot(centers, 100 * tier["busy"], color=color,
+                label=f"{role} ({n} instance{'s' * (n != 1)})")
+        continue
+      ax.plot(centers, tier[key]["mean"], color=color, linewidth=1.2, label=f"{role} mean")
+      ax.fill_between(centers, tier[key]["mean"], tier[key]["max"], color=color, alpha=0.2,
+                      linewidth=0, label=f"{role} max")
+      if key == "kv_used_pct" and np.nanmax(tier["kv_cached_pct"]["max"], initial=0) > 0:
+        ax.plot(centers, tier["kv_cached_pct"]["mean"], color=color, linestyle="--",
+                linewidth=1, label=f"{role} cached % mean")
+    if switches:
+      ax.vlines(switches, 0, 1, transform=ax.get_xaxis_transform(), colors="red",
+                linestyles=":", linewidth=0.8)
+    ax.set_ylabel(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=7, ncol=2)
+  axes[-1].set_xlabel("time (s)" + (f"; red dotted: {len(switches)} role switches"
+                                    if switches else ""))
+  fig.suptitle(f"{len(steps)} steps, {len(samples)} samples in {len(centers)} bins of "
+               f"{binned['width']:g} s: per-instance mean (line) and max (band) per bin",
+               fontsize=10)
   fig.tight_layout()
   return _save(fig, path)
 

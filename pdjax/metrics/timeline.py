@@ -20,6 +20,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
+from pdjax.metrics import columns
 from pdjax.request import Request, Status
 
 STEP_KINDS = ("prefill", "decode", "mixed")
@@ -28,87 +31,114 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 def busy_seconds(intervals: Iterable[tuple[float, float]], duration_s: float) -> float:
   """Length of the union of [start, end] intervals, clipped to [0, duration_s]."""
-  spans = sorted((max(0.0, a), min(duration_s, b)) for a, b in intervals)
-  total, cur_a, cur_b = 0.0, None, None
-  for a, b in spans:
-    if b <= a:
-      continue
-    if cur_b is None or a > cur_b:
-      if cur_b is not None:
-        total += cur_b - cur_a
-      cur_a, cur_b = a, b
-    else:
-      cur_b = max(cur_b, b)
-  if cur_b is not None:
-    total += cur_b - cur_a
-  return total
+  pairs = np.array(list(intervals), np.float64).reshape(-1, 2)
+  return _union_busy(pairs[:, 0], pairs[:, 1], duration_s)
 
 
-def _sample_weights(samples: Sequence[dict], duration_s: float) -> list[float]:
-  """Hold time of each sample (same order as samples), per instance."""
-  weights = [0.0] * len(samples)
-  by_inst: dict[str, list[int]] = {}
-  for i, s in enumerate(samples):
-    by_inst.setdefault(s["instance"], []).append(i)
-  for idx in by_inst.values():
-    idx.sort(key=lambda i: samples[i]["t"])
-    for j, i in enumerate(idx):
-      t = float(samples[i]["t"])
-      nxt = float(samples[idx[j + 1]]["t"]) if j + 1 < len(idx) else max(duration_s, t)
-      weights[i] = nxt - t
+def _union_busy(start: np.ndarray, end: np.ndarray, duration_s: float) -> float:
+  """busy_seconds of the intervals [start[i], end[i]]: sorted by start, an interval starting
+  past the furthest end before it opens a new merged span; the spans' lengths summed in order
+  (as a Python loop merging them would, to the last bit)."""
+  a, b = np.maximum(start, 0.0), np.minimum(end, duration_s)
+  keep = b > a
+  a, b = a[keep], b[keep]
+  if not len(a):
+    return 0.0
+  order = np.lexsort((b, a))
+  a, b = a[order], b[order]
+  opens = np.flatnonzero(np.r_[True, a[1:] > np.maximum.accumulate(b)[:-1]])
+  return _sum(np.maximum.reduceat(b, opens) - a[opens])
+
+
+def _sum(values: np.ndarray) -> float:
+  """Left-to-right sum, as Python's sum() (numpy's sum adds pairwise: other last bits)."""
+  return float(np.cumsum(values)[-1]) if len(values) else 0.0
+
+
+def _sample_weights(inst: np.ndarray, t: np.ndarray, duration_s: float) -> np.ndarray:
+  """Hold time of each sample (same order): until its instance's next sample (by time; ties
+  in the given order), the last one until max(duration_s, t)."""
+  in_time = len(t) < 2 or bool(np.all(t[1:] >= t[:-1]))   # as a run records them
+  order = np.argsort(inst, kind="stable") if in_time else np.lexsort((t, inst))
+  ts, same = t[order], inst[order]
+  has_next = np.r_[same[1:] == same[:-1], False]
+  nxt = np.where(has_next, np.r_[ts[1:], 0.0], np.maximum(duration_s, ts))
+  weights = np.empty_like(t)
+  weights[order] = nxt - ts
   return weights
 
 
-def _wmean(values: Sequence[float], weights: Sequence[float]) -> float | None:
-  if not values:
+def _wmean(values: np.ndarray, weights: np.ndarray) -> float | None:
+  if not len(values):
     return None
-  total = sum(weights)
+  total = _sum(weights)
   if total <= 0:
-    return sum(values) / len(values)
-  return sum(v * w for v, w in zip(values, weights)) / total
+    return _sum(values) / len(values)
+  return _sum(values * weights) / total
 
 
-def _state_stats(samples: Sequence[dict], weights: Sequence[float]) -> dict:
-  queued = [float(s["queued"]) for s in samples]
-  running = [float(s["running"]) for s in samples]
-  frac_pairs = [(s["kv_pages_used"] / s["kv_pages_total"], w)
-                for s, w in zip(samples, weights) if s["kv_pages_total"] > 0]
-  fracs = [f for f, _ in frac_pairs]
+def _state_stats(state: Sequence[np.ndarray], weights: np.ndarray) -> dict:
+  """state: the samples' queued, running, kv_pages_used and kv_pages_total."""
+  queued, running, used, total = state
+  pooled = total > 0
+  fracs = used[pooled] / total[pooled]
+  n = len(queued)
   return {
-      "samples": len(samples),
-      "queued": {"mean": _wmean(queued, weights),
-                 "max": int(max(queued)) if queued else None},
-      "running": {"mean": _wmean(running, weights),
-                  "max": int(max(running)) if running else None},
-      "kv_pages_used_max": max((int(s["kv_pages_used"]) for s in samples), default=None),
-      "kv_used_frac_mean": _wmean(fracs, [w for _, w in frac_pairs]),
-      "kv_used_frac_max": max(fracs, default=None),
+      "samples": n,
+      "queued": {"mean": _wmean(queued, weights), "max": int(queued.max()) if n else None},
+      "running": {"mean": _wmean(running, weights), "max": int(running.max()) if n else None},
+      "kv_pages_used_max": int(used.max()) if n else None,
+      "kv_used_frac_mean": _wmean(fracs, weights[pooled]),
+      "kv_used_frac_max": float(fracs.max()) if len(fracs) else None,
   }
 
 
-def _step_stats(steps: Sequence[dict]) -> dict:
+def _step_stats(kind: np.ndarray, seqs: np.ndarray, tokens: np.ndarray,
+                kind_names: list[str]) -> dict:
+  """kind: codes into kind_names; STEP_KINDS first, then other kinds as they first occur."""
   counts = {k: 0 for k in STEP_KINDS}
-  tokens = {k: 0 for k in STEP_KINDS}
-  hist: dict[str, dict[int, int]] = {k: {} for k in STEP_KINDS}
-  for s in steps:
-    kind = s["kind"]
-    counts[kind] = counts.get(kind, 0) + 1
-    tokens[kind] = tokens.get(kind, 0) + int(s["num_tokens"])
-    h = hist.setdefault(kind, {})
-    h[int(s["num_seqs"])] = h.get(int(s["num_seqs"]), 0) + 1
-  return {
-      "steps": counts,
-      "steps_total": len(steps),
-      "tokens": tokens,
-      "batch_size_hist": {k: {str(n): h[n] for n in sorted(h)} for k, h in hist.items()},
-  }
+  token_sums = {k: 0 for k in STEP_KINDS}
+  hist: dict[str, dict[str, int]] = {k: {} for k in STEP_KINDS}
+  for code in _first_seen(kind):
+    name, mine = kind_names[code], kind == code
+    counts[name] = int(mine.sum())
+    token_sums[name] = int(tokens[mine].sum())
+    sizes, n = np.unique(seqs[mine], return_counts=True)
+    hist[name] = {str(s): c for s, c in zip(sizes.tolist(), n.tolist())}
+  return {"steps": counts, "steps_total": len(kind), "tokens": token_sums,
+          "batch_size_hist": hist}
 
 
-def _steps_by_instance(steps: Sequence[dict]) -> dict[str, list[dict]]:
-  out: dict[str, list[dict]] = {}
-  for s in steps:
-    out.setdefault(s["instance"], []).append(s)
-  return out
+def _shared_codes(a: Sequence[dict], b: Sequence[dict],
+                  key: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+  """(codes of a's values of key, codes of b's, names): indices into names, the distinct
+  values of both sorted."""
+  (ca, na), (cb, nb) = columns.codes(a, key), columns.codes(b, key)
+  names = sorted(set(na) | set(nb))
+  index = {n: i for i, n in enumerate(names)}
+  return (np.array([index[n] for n in na], np.int64)[ca],
+          np.array([index[n] for n in nb], np.int64)[cb], names)
+
+
+def _groups(codes: np.ndarray, n: int, index: np.ndarray | None = None) -> list[np.ndarray]:
+  """For each code 0..n-1, the positions holding it in increasing order (index[positions]
+  when index is given)."""
+  order = np.argsort(codes, kind="stable")
+  bounds = np.searchsorted(codes[order], np.arange(n + 1))
+  if index is not None:
+    order = index[order]
+  return [order[bounds[i]:bounds[i + 1]] for i in range(n)]
+
+
+def _first_seen(codes: np.ndarray) -> list[int]:
+  """The distinct codes in order of first appearance."""
+  distinct, first = np.unique(codes, return_index=True)
+  return distinct[np.argsort(first)].tolist()
+
+
+def _present(a: np.ndarray, b: np.ndarray, n: int) -> list[int]:
+  """The codes (of 0..n-1) found in a or b, increasing."""
+  return np.flatnonzero(np.bincount(a, minlength=n) + np.bincount(b, minlength=n)).tolist()
 
 
 def tier_stats(steps: Sequence[dict], samples: Sequence[dict], duration_s: float) -> dict:
@@ -121,36 +151,39 @@ def tier_stats(steps: Sequence[dict], samples: Sequence[dict], duration_s: float
   """
   if duration_s <= 0:
     raise ValueError(f"duration_s must be > 0, got {duration_s}")
-  weights = _sample_weights(samples, duration_s)
-  names = sorted({s["instance"] for s in steps} | {s["instance"] for s in samples})
-  roles = sorted({s["role"] for s in steps} | {s["role"] for s in samples})
+  st_inst, sm_inst, names = _shared_codes(steps, samples, "instance")
+  st_role, sm_role, roles = _shared_codes(steps, samples, "role")
+  kind, kind_names = columns.codes(steps, "kind")
+  start, end, seqs, tokens = columns.numbers(
+      steps, ("start_s", "end_s", "num_seqs", "num_tokens"))
+  seqs, tokens = seqs.astype(np.int64), tokens.astype(np.int64)
+  t, *state = columns.numbers(
+      samples, ("t", "queued", "running", "kv_pages_used", "kv_pages_total"))
+  weights = _sample_weights(sm_inst, t, duration_s)
 
-  def select(role: str | None = None, inst: str | None = None):
-    sel = [(s, w) for s, w in zip(samples, weights)
-           if (role is None or s["role"] == role) and (inst is None or s["instance"] == inst)]
-    st = [s for s in steps
-          if (role is None or s["role"] == role) and (inst is None or s["instance"] == inst)]
-    return [s for s, _ in sel], [w for _, w in sel], st
+  def stats(st: np.ndarray, sm: np.ndarray) -> dict:
+    return {**_state_stats([col[sm] for col in state], weights[sm]),
+            **_step_stats(kind[st], seqs[st], tokens[st], kind_names)}
 
+  st_by_inst, sm_by_inst = _groups(st_inst, len(names)), _groups(sm_inst, len(names))
   instances = {}
-  for name in names:
-    smp, w, st = select(inst=name)
-    busy = busy_seconds(((s["start_s"], s["end_s"]) for s in st), duration_s)
+  for i, name in enumerate(names):
+    st, sm = st_by_inst[i], sm_by_inst[i]
     instances[name] = {
-        "roles": sorted({s["role"] for s in st} | {s["role"] for s in smp}),
-        "busy_fraction": busy / duration_s,
-        **_state_stats(smp, w), **_step_stats(st)}
+        "roles": [roles[r] for r in _present(st_role[st], sm_role[sm], len(roles))],
+        "busy_fraction": _union_busy(start[st], end[st], duration_s) / duration_s,
+        **stats(st, sm)}
 
   by_role = {}
-  for role in roles:
-    smp, w, st = select(role=role)
-    members = sorted({s["instance"] for s in st} | {s["instance"] for s in smp})
-    busy = sum(busy_seconds(((s["start_s"], s["end_s"]) for s in group), duration_s)
-               for group in _steps_by_instance(st).values())
-    by_role[role] = {
-        "instances": members,
+  for r, (st, sm) in enumerate(zip(_groups(st_role, len(roles)), _groups(sm_role, len(roles)))):
+    members = _present(st_inst[st], sm_inst[sm], len(names))
+    groups = _groups(st_inst[st], len(names), st)
+    busy = sum(_union_busy(start[groups[i]], end[groups[i]], duration_s)   # in order of
+               for i in _first_seen(st_inst[st]))                          # their first step
+    by_role[roles[r]] = {
+        "instances": [names[i] for i in members],
         "busy_fraction": busy / (len(members) * duration_s),
-        **_state_stats(smp, w), **_step_stats(st)}
+        **stats(st, sm)}
   return {"instances": instances, "roles": by_role}
 
 

@@ -11,18 +11,28 @@ Page-pool occupancy is a counter track per instance on process 1. Steps recorded
 timing (the driver's) add a "<instance> host" thread with the host's plan, dispatch and readback
 around each step, and "waiting for host" spans on the instance's thread where its device idled
 with work to do (pdjax.metrics.host_time). Timestamps are microseconds on the run's clock.
+
+Bounded by default: a run with more engine steps than `max_step_events` (an hour-long trace
+has millions) gets its steps binned (pdjax.metrics.trace_bins): one span per instance per time
+bin instead of one per step, host phases and waits folded into that span's args, and KV
+counters reduced to their max per bin; every request keeps its own track. Full detail is
+max_step_events=None (the config's output.trace_steps=full). The file is written event by
+event in chunks with json's C encoder (json.dump of one big object uses the pure-Python one).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from pdjax.request import Request, Status
 
 INSTANCES_PID = 1
 REQUESTS_PID = 2
+MAX_STEP_EVENTS = 200_000   # write_chrome_trace's default bound on step events
 
 
 def _us(seconds: float) -> float:
@@ -35,9 +45,9 @@ def _meta(name: str, pid: int, tid: int, value: str) -> dict:
 
 def _span(name: str, cat: str, start: float, end: float, pid: int, tid: int,
           args: dict) -> dict:
-  return {"name": name, "cat": cat, "ph": "X", "ts": _us(start),
-          "dur": max(0.0, round(_us(end) - _us(start), 3)), "pid": pid, "tid": tid,
-          "args": args}
+  ts = _us(start)
+  return {"name": name, "cat": cat, "ph": "X", "ts": ts,
+          "dur": max(0.0, round(_us(end) - ts, 3)), "pid": pid, "tid": tid, "args": args}
 
 
 def _instant(name: str, cat: str, t: float, pid: int, tid: int, args: dict) -> dict:
@@ -47,26 +57,37 @@ def _instant(name: str, cat: str, t: float, pid: int, tid: int, args: dict) -> d
 
 def instance_events(steps: Sequence[dict], role_switches: Sequence[dict]) -> list[dict]:
   """Process 1: metadata, one X event per step and one i event per role switch."""
+  return list(_instance_events(steps, role_switches))
+
+
+def instance_tids(steps: Sequence[dict], role_switches: Sequence[dict]) -> dict[str, int]:
+  """{instance: its thread id on process 1}: 1.. in name order."""
   names = sorted({s["instance"] for s in steps} | {s["instance"] for s in role_switches})
-  tids = {n: i + 1 for i, n in enumerate(names)}
-  events = [_meta("process_name", INSTANCES_PID, 0, "instances")]
-  events += [_meta("thread_name", INSTANCES_PID, tids[n], n) for n in names]
+  return {n: i + 1 for i, n in enumerate(names)}
+
+
+def _instance_events(steps: Sequence[dict], role_switches: Sequence[dict]) -> Iterator[dict]:
+  tids = instance_tids(steps, role_switches)
+  yield _meta("process_name", INSTANCES_PID, 0, "instances")
+  yield from (_meta("thread_name", INSTANCES_PID, tid, n) for n, tid in tids.items())
   timed = sorted({s["instance"] for s in steps if "dispatched_s" in s})
-  host = {n: len(names) + i + 1 for i, n in enumerate(timed)}
-  events += [_meta("thread_name", INSTANCES_PID, host[n], f"{n} host") for n in timed]
+  host = {n: len(tids) + i + 1 for i, n in enumerate(timed)}
+  yield from (_meta("thread_name", INSTANCES_PID, host[n], f"{n} host") for n in timed)
   for s in steps:
     args = {"num_seqs": int(s["num_seqs"]), "num_tokens": int(s["num_tokens"])}
     if "ahead" in s:
       args["ahead"] = bool(s["ahead"])
-    events.append(_span(s["kind"], "step", s["start_s"], s["end_s"], INSTANCES_PID,
-                        tids[s["instance"]], args))
+    yield _span(s["kind"], "step", s["start_s"], s["end_s"], INSTANCES_PID,
+                tids[s["instance"]], args)
     if s["instance"] in host:
-      events += _host_phases(s, tids[s["instance"]], host[s["instance"]])
+      yield from _host_phases(s, tids[s["instance"]], host[s["instance"]])
+  yield from _role_switch_events(role_switches, tids)
+
+
+def _role_switch_events(role_switches: Sequence[dict], tids: dict[str, int]) -> Iterator[dict]:
   for sw in role_switches:
-    events.append(_instant(f"role {sw['from']}->{sw['to']}", "role_switch", sw["t"],
-                           INSTANCES_PID, tids[sw["instance"]],
-                           {"from": sw["from"], "to": sw["to"]}))
-  return events
+    yield _instant(f"role {sw['from']}->{sw['to']}", "role_switch", sw["t"], INSTANCES_PID,
+                   tids[sw["instance"]], {"from": sw["from"], "to": sw["to"]})
 
 
 def _host_phases(s: dict, tid: int, host_tid: int) -> list[dict]:
@@ -112,31 +133,103 @@ def request_phases(r: Request) -> list[tuple[str, float, float, dict]]:
 
 def request_events(requests: Sequence[Request]) -> list[dict]:
   """Process 2: metadata and the phase events of every request."""
-  events = [_meta("process_name", REQUESTS_PID, 0, "requests")]
+  return list(_request_events(requests))
+
+
+def _request_events(requests: Sequence[Request]) -> Iterator[dict]:
+  yield _meta("process_name", REQUESTS_PID, 0, "requests")
   for tid, r in enumerate(requests, start=1):
-    events.append(_meta("thread_name", REQUESTS_PID, tid, r.id))
+    yield _meta("thread_name", REQUESTS_PID, tid, r.id)
     for name, start, end, args in request_phases(r):
-      events.append(_span(name, "request", start, end, REQUESTS_PID, tid, args))
+      yield _span(name, "request", start, end, REQUESTS_PID, tid, args)
     if r.status in (Status.REJECTED, Status.FAILED) and r.finish_s is not None:
-      events.append(_instant(r.status.value, "request", r.finish_s, REQUESTS_PID, tid,
-                             {"reason": r.reason}))
-  return events
+      yield _instant(r.status.value, "request", r.finish_s, REQUESTS_PID, tid,
+                     {"reason": r.reason})
 
 
 def pool_counters(samples: Sequence[dict]) -> list[dict]:
   """Process 1: a counter track "kv pages <instance>" per instance (pages used by sequences,
   cached idle pages), one point per state sample."""
-  return [{"name": f"kv pages {s['instance']}", "ph": "C", "ts": _us(s["t"]),
-           "pid": INSTANCES_PID,
-           "args": {"used": s["kv_pages_used"], "cached_idle": s.get("kv_pages_cached", 0)}}
+  return [counter_event(s["instance"], s["t"], s["kv_pages_used"], s.get("kv_pages_cached", 0))
           for s in samples]
 
 
+def counter_event(instance: str, t: float, used: int, cached: int) -> dict:
+  """One point of instance's "kv pages" counter track."""
+  return {"name": f"kv pages {instance}", "ph": "C", "ts": _us(t), "pid": INSTANCES_PID,
+          "args": {"used": used, "cached_idle": cached}}
+
+
+def trace_events(*, requests: Sequence[Request], steps: Sequence[dict],
+                 role_switches: Sequence[dict], samples: Sequence[dict] = (),
+                 max_step_events: int | None = MAX_STEP_EVENTS) -> Iterator[dict]:
+  """The events of write_chrome_trace, in file order: process 1 (instances), process 2
+  (requests), then the KV counters. Steps are binned when there are more than max_step_events
+  (None: never), the counters when there are more samples than that."""
+  if max_step_events is not None and max_step_events < 1:
+    raise ValueError(f"max_step_events must be >= 1 or None, got {max_step_events}")
+  return _trace_events(requests, steps, role_switches, samples, max_step_events)
+
+
+def _trace_events(requests: Sequence[Request], steps: Sequence[dict],
+                  role_switches: Sequence[dict], samples: Sequence[dict],
+                  max_step_events: int | None) -> Iterator[dict]:
+  from pdjax.metrics import trace_bins   # here: it imports this module
+  bin_steps = max_step_events is not None and len(steps) > max_step_events
+  bin_samples = max_step_events is not None and len(samples) > max_step_events
+  if bin_steps:
+    tids = instance_tids(steps, role_switches)
+    spans, info = trace_bins.binned_steps(steps, tids, max_step_events)
+    yield _meta("process_name", INSTANCES_PID, 0, "instances")
+    yield from trace_bins.notice_events(info, max_step_events)
+    yield from (_meta("thread_name", INSTANCES_PID, tid, n) for n, tid in tids.items())
+    yield from spans
+    yield from _role_switch_events(role_switches, tids)
+  else:
+    yield from _instance_events(steps, role_switches)
+  yield from _request_events(requests)
+  if bin_samples:
+    yield from trace_bins.binned_counters(samples, max_step_events)
+  else:
+    yield from pool_counters(samples)
+
+
+def write_events(f, events: Iterable[dict], chunk: int = 20_000) -> None:
+  """Writes events to the open text file f as the items of a JSON array (no brackets),
+  json.dumps-ing `chunk` events at a time (json's C encoder)."""
+  buf, first = [], True
+  for e in events:
+    buf.append(e)
+    if len(buf) >= chunk:
+      f.write(("" if first else ", ") + json.dumps(buf)[1:-1])
+      buf, first = [], False
+  if buf:
+    f.write(("" if first else ", ") + json.dumps(buf)[1:-1])
+
+
 def write_chrome_trace(path: str, *, requests: Sequence[Request], steps: Sequence[dict],
-                       role_switches: Sequence[dict], samples: Sequence[dict] = ()) -> None:
-  """Writes {"traceEvents": [...], "displayTimeUnit": "ms"} to path."""
-  trace = {"traceEvents": instance_events(steps, role_switches) + request_events(requests)
-           + pool_counters(samples), "displayTimeUnit": "ms"}
+                       role_switches: Sequence[dict], samples: Sequence[dict] = (),
+                       max_step_events: int | None = MAX_STEP_EVENTS) -> None:
+  """Writes {"traceEvents": [...], "displayTimeUnit": "ms"} to path: every event (see the
+  module docstring) when the run has at most max_step_events steps (None: always), else the
+  steps binned per instance and time (pdjax.metrics.trace_bins)."""
+  events = trace_events(requests=requests, steps=steps, role_switches=role_switches,
+                        samples=samples, max_step_events=max_step_events)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(trace, f)
+  with open(path, "w") as f, _no_gc():
+    f.write('{"traceEvents": [')
+    write_events(f, events)
+    f.write('], "displayTimeUnit": "ms"}')
+
+
+@contextlib.contextmanager
+def _no_gc():
+  """Python's cycle collector off: the events are acyclic (freed as they are written), and
+  each full collection would walk the run's millions of records."""
+  enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    if enabled:
+      gc.enable()
