@@ -196,3 +196,25 @@ def test_random_load_finishes_everything_within_the_buckets(schedule):
   largest = max(engine["decode_buckets"])
   assert all(s["num_seqs"] <= largest for s in result.steps if s["kind"] == "decode")
   assert serving.kv_pages_leaked(insts) == 0
+
+
+def test_a_preempted_request_does_not_block_a_prefill_that_holds_its_pages():
+  """The example hypothesis found (tests/fixtures/preempt_deadlock.json): on decode-1,
+  requests preempted mid-decode were put back at the very front of the queue, ahead of a
+  recompute already holding 6 of the 12 pages (45 of 48 tokens done); the step policy stops at
+  the first request it cannot admit, so that recompute never finished and never freed the
+  pages the others waited for: 4 requests ended "scheduler stalled". A victim now queues
+  behind the prefills under way."""
+  import json
+  import os
+  with open(os.path.join(os.path.dirname(__file__), "fixtures", "preempt_deadlock.json")) as f:
+    data = json.load(f)
+  reqs = [Request(id=r["id"], arrival_s=r["arrival_s"], prompt_ids=r["prompt_ids"],
+                  sampling=SamplingParams(max_new_tokens=r["max_new_tokens"]))
+          for r in data["requests"]]
+  engine = {k: tuple(v) if isinstance(v, list) else v for k, v in data["engine"].items()}
+  faults = FaultSpec(transfer_delay=tuple(data["transfer_delay"]), seed=data["fault_seed"])
+  result, insts = _serve_load(reqs, data["mode"], data["names"], engine, faults)
+  assert [r.status for r in result.requests] == [Status.FINISHED] * 14
+  assert result.preemptions == 6
+  assert serving.kv_pages_leaked(insts) == 0

@@ -152,5 +152,11 @@ class Steps:
     victim.num_computed_tokens = 0
     victim.preemptions += 1
     victim.status = Status.WAITING
-    w.waiting.appendleft(victim)
+    # First in line to recompute, but behind the waiting requests already holding pages here
+    # (prefills under way): a victim the pool cannot admit ahead of them would block them,
+    # and they would never free the pages it waits for (a deadlock hypothesis found).
+    ahead = 0
+    while ahead < len(w.waiting) and w.waiting[ahead].id in w.tables:
+      ahead += 1
+    w.waiting.insert(ahead, victim)
     self.preemptions += 1
