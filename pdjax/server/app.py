@@ -74,8 +74,8 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
     except protocol.ApiError as e:
       return error(e)
     first = await _next_event(engine, http, req, queue)
-    if first[0] == "end" and _refusal(engine, first[1]) is not None:
-      refused = _refusal(engine, first[1])     # rejected or failed before any text: a status
+    refused = _refusal(engine, first[1]) if first[0] == "end" else None
+    if refused is not None:                    # rejected or failed before any text: a status
       return JSONResponse(refused.body(), status_code=refused.status)
     if first[0] == "error":
       return JSONResponse(protocol.ApiError(500, first[1]).body(), status_code=500)
