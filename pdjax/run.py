@@ -83,7 +83,8 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None):
                                     dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
                                     profile=config_lib.sim_profile(cfg, mcfg),
                                     opts_by_role=options_lib.tier_options(cfg, opts))
-    serve_kwargs = dict(clock=clock, transfer_fn=sim_transfer)
+    serve_kwargs = dict(clock=clock, transfer_fn=sim_transfer,
+                        fast_forward=bool(cfg.sim.get("fast_forward", True)))
   elif ray_cluster is not None:
     instances = ray_cluster.build_instances(
         tiers, mcfg, opts, checkpoint=cfg.model.checkpoint, seed=cfg.seed,

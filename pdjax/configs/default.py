@@ -112,6 +112,8 @@ def get_config(arg=None):
   c.sim.hardware = "h200"                  # tpu_v5e | tpu_v5p | tpu_v6e | a100 | h100 | h200
   c.sim.link_gbps = 0.0                    # P->D link in Gbit/s; 0 = the preset's ICI/NVLink
   c.sim.profile = ""                       # calibrated profile JSON; "" = the shipped CPU one
+  c.sim.fast_forward = True                # decode chains between events without a loop turn
+                                           #   per step (identical results, faster)
 
   c.plan = ml_collections.ConfigDict()     # python -m pdjax.plan (always on the simulator)
   c.plan.chip_budget = 8                   # chips to place prefill/decode/colocated instances on
@@ -122,6 +124,20 @@ def get_config(arg=None):
   c.plan.rate_hi = 16.0                    #   doubles hi while hi still meets the SLOs
   c.plan.rel_tol = 0.05                    # bisection stops within 5% of the best rate
   c.plan.mem_util = 0.9                    # share of HBM for weights + KV (the rest: activations)
+  c.plan.map = False                       # map mode: who wins over SLOs x mixes (map_mode.py)
+  c.plan.map_models = ""                   # comma-separated model presets; "" = model.preset
+  c.plan.map_hardware = ""                 # comma-separated sim.hardware presets; "" = sim.hardware
+  c.plan.map_mixes = ""                    # comma-separated planning/mixes.py names; "" = config
+  c.plan.map_ttft_s = (0.25, 1.0, 4.0)     # TTFT targets (s), the map's x axis
+  c.plan.map_tpot_s = (0.025, 0.1)         # TPOT targets (s), the map's y axis
+  c.plan.map_rate_min = 0.0625             # req/s per chip: the rate lattice min * factor^k,
+  c.plan.map_rate_max = 64.0               #   up to max; a cell reads the highest lattice rate
+  c.plan.map_rate_factor = 1.4142135623730951   # meeting it (resolution: the factor)
+  c.plan.map_rate_start = 1.0              # req/s per chip where a placement's walk starts
+  c.plan.map_tp_count = 2                  # the smallest N TP degrees of tp_choices that fit
+  c.plan.map_full_budget = True            # only placements using all chip_budget chips
+  c.plan.map_max_disagg = 0                # at most N disaggregated placements (0: all)
+  c.plan.map_runs = ""                     # a previous map's DIR: re-evaluate its runs only
 
   if arg == "smoke":
     c.workload.num_requests = 8

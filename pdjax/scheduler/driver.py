@@ -36,6 +36,7 @@ from pdjax.request import Request, Status
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.admission import Admission
 from pdjax.scheduler.collect import Collect
+from pdjax.scheduler.fast_forward import FastForward
 from pdjax.scheduler.invariants import Invariants
 from pdjax.scheduler.policies.base import StepPlan
 from pdjax.scheduler.recovery import Recovery
@@ -70,6 +71,8 @@ class DriverOptions:
                                   # a hung device: the instance is treated as dead (0: never)
   overlap: bool = True       # dispatch a worker's next step before its decode step's tokens
                              # reach the host (instances with `device_tokens`; see steps.py)
+  fast_forward: bool = True  # virtual clock: run decode chains between events without a loop
+                             # turn per step (identical results; see fast_forward.py)
 
 
 @dataclasses.dataclass
@@ -83,6 +86,7 @@ class RunResult:
   preemptions: int
   flushes: list[dict] = dataclasses.field(default_factory=list)   # {"t_s", "tenant", "pages"}
   faults: dict = dataclasses.field(default_factory=dict)   # injected and recovery counts
+  fast_forwarded: int = 0    # steps collected by the decode fast-forward (not an output)
 
   def step_counts(self) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
@@ -100,7 +104,7 @@ def default_policies(options: DriverOptions) -> policy_lib.Policies:
                                       max_prefill_seqs=options.max_prefill_seqs))
 
 
-class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
+class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invariants):
 
   def __init__(self, mode: str, workers: list[Worker], *, options: DriverOptions, clock,
                transfer_fn=None, policies: policy_lib.Policies | None = None,
@@ -164,6 +168,7 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
     arrivals = deque(sorted(requests, key=lambda r: r.arrival_s))
     self._terminal = sum(r.status.terminal for r in requests)
     self._inbox, self._listener = inbox, listener
+    fast_forward, fast_forwarded = self._fast_forward_possible(), 0
     done = self._terminal
     while True:
       now = self.clock.now()
@@ -186,16 +191,20 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
           self._dispatch(w)
         if self._can_dispatch_ahead(w):
           self._dispatch(w, ahead=True)
+      turn_now = False
+      if fast_forward:
+        collected, turn_now = self._fast_forward(arrivals)
+        fast_forwarded += collected
       inflight = [w for w in self.workers if w.inflight is not None]
       wake = self._wake_s()
-      for w in self._wait_any(inflight, wake):
+      for w in () if turn_now else self._wait_any(inflight, wake):
         self._collect(w)
       if self.opts.debug:
         self.check_invariants()
       if on_progress and self._terminal != done:
         on_progress(self._terminal - done)
       done = self._terminal
-      if inflight or self._pending_transfers or self._restarting:
+      if inflight or turn_now or self._pending_transfers or self._restarting:
         continue
       if done >= len(requests) and not arrivals:
         if inbox is None or inbox.closed:
@@ -223,7 +232,7 @@ class Driver(Admission, Steps, Collect, Transfers, Recovery, Invariants):
     return RunResult(requests, self.transfers, self.clock.now(), self.steps, self.samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
-                      **self.fault_counts})
+                      **self.fault_counts}, fast_forwarded)
 
   def _take_inbox(self, inbox, requests: list[Request], arrivals: deque) -> None:
     """New requests join the arrivals (stamped by their submitter), cancellations apply, calls

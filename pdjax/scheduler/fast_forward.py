@@ -1,0 +1,171 @@
+"""Decode fast-forward on the virtual clock (the simulator): between events, decode chains run
+without loop turns.
+
+A worker whose step in flight is a plain decode step and that has nothing queued, reserved or
+draining steps on its own until something reaches it: its next step is dispatched when this
+one is collected, from its own running batch, and nothing else in the cluster reads or
+changes its state in between — except at events: an arrival (routers, path and admission
+policies read the tiers), a step of any other kind ending (a prefill joins the transfer queue
+and the decode router reads the decode tier), a transfer landing, a scheduled event (fault,
+flush, retry, restart) or a lease expiry. Up to the earliest of those (the horizon), the loop
+need not take a turn per step: `_fast_forward` collects and re-dispatches those workers'
+steps in end-time order, ties in worker order — exactly the order and the clock times at which
+one turn per step would have made the same `_collect` and `_dispatch` calls — so the run's
+tokens, timestamps, step records and samples are identical, byte for byte
+(tests/test_fast_forward.py compares both on several configurations). Every per-step record
+is still made: what is skipped is the loop's per-turn work over all workers, which dominates
+at 64 instances. A step whose end ties with the horizon is left to the loop.
+
+Off (one turn per step) for anything whose per-turn behaviour could differ: the wall clock, a
+role-switch policy (it is asked every turn), online serving (inbox, listener), debug mode
+(invariants checked every turn), instances slowing each other on a shared host, overlap.
+A mixin of `Driver`; pure Python.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from pdjax.scheduler.errors import DeviceError
+from pdjax.scheduler.policies.no_role_switch import NoRoleSwitch
+from pdjax.scheduler.worker import EWMA, SlowPending, Step, Worker
+
+
+class FastForward:
+
+  def _fast_forward_possible(self) -> bool:
+    """Whether this run may fast-forward at all (checked once per run)."""
+    return (self.opts.fast_forward and hasattr(self.clock, "advance_to")
+            and not self.opts.debug and isinstance(self.policies.role_switch, NoRoleSwitch)
+            and self._inbox is None and self._listener is None
+            and all(getattr(w.instance, "host", None) is None
+                    and not getattr(w.instance, "device_tokens", False) for w in self.workers))
+
+  def _chains(self, w: Worker) -> bool:
+    """Whether w's next step depends only on w until the horizon (see the module)."""
+    step = w.inflight
+    return (step.kind == "decode" and w.ahead is None and not w.waiting and not w.reserved
+            and w.draining_to is None)
+
+  def _fast_forward(self, arrivals: deque) -> tuple[int, bool]:
+    """Runs the decode chains up to the next event (see the module). Returns the number of
+    steps it collected and whether the loop must take its next turn now, before waiting
+    (a cancel that came up is applied at once, as one turn per step would)."""
+    if (self._touched or self._cancels or self._restarting or self.transfer_queue
+        or self._draining):
+      return 0, False
+    horizon = arrivals[0].arrival_s if arrivals else float("inf")
+    wake = self._wake_s()
+    if wake is not None:
+      horizon = min(horizon, wake)
+    for *_, transfer in self._pending_transfers:
+      end = getattr(transfer, "end_s", None)
+      if end is None:               # (pending objects without a virtual end: not simulated)
+        return 0, False
+      horizon = min(horizon, end)
+    heap = []
+    for i, w in enumerate(self.workers):
+      if w.inflight is None:
+        continue
+      end = getattr(w.inflight.pending, "end_s", None)
+      if end is None:
+        return 0, False
+      if self._chains(w):
+        heap.append((end, i))
+      else:
+        horizon = min(horizon, end)
+    heapq.heapify(heap)
+    collected = 0
+    while heap and heap[0][0] < horizon:
+      end = heap[0][0]
+      batch = []
+      while heap and heap[0][0] == end:
+        batch.append(heapq.heappop(heap)[1])
+      self.clock.advance_to(end)
+      for i in batch:               # one turn collects every step done, in worker order ...
+        self._collect_chained(self.workers[i])
+      collected += len(batch)
+      if self._cancels:             # (an injected cancel: the next turn applies it first)
+        return collected, True
+      for i in batch:               # ... and the next dispatches the touched, in worker order
+        self._touched.discard(i)
+        w = self.workers[i]
+        self._dispatch_chained(w)
+        if w.inflight is None:
+          continue
+        if self._chains(w):
+          heapq.heappush(heap, (w.inflight.pending.end_s, i))
+        else:                       # (a preemption queued a recompute: its step is an event)
+          horizon = min(horizon, w.inflight.pending.end_s)
+      if self._touched:             # a step failed at dispatch: re-planned after the next wait
+        return collected, False
+    return collected, False
+
+  # ---- one chained step, collected and re-dispatched (the loop's _collect and _dispatch for
+  # a worker that `_chains`: nothing queued, a decode step; kept equal to them by the tests) --
+
+  def _collect_chained(self, w: Worker) -> None:
+    step, w.inflight = w.inflight, None
+    self._touched.add(self._index[id(w)])
+    plan, pending = step.plan, step.pending
+    done_s = self.clock.now()
+    tokens = pending.result()
+    now = self.clock.now()
+    seconds = max(now - step.start_s, 1e-9)           # Worker.measure, for a decode step
+    w.decode_step_s = seconds if w.decode_step_s is None else (
+        (1 - EWMA) * w.decode_step_s + EWMA * seconds)
+    since, w.host_wait_from = w.host_wait_from, None  # Collect._host_wait
+    self.steps.append({"instance": w.name, "role": w.role, "kind": "decode",
+                       "start_s": step.start_s, "end_s": now,
+                       "num_seqs": len(plan.decodes), "num_tokens": len(plan.decodes),
+                       "ahead": False, "dispatched_s": step.dispatched_s, "done_s": done_s,
+                       "plan_s": step.plan_s, "dispatch_s": step.dispatch_s,
+                       "build_s": getattr(pending, "build_s", 0.0), "readback_s": now - done_s,
+                       "host_wait_s": 0.0 if since is None else max(step.start_s - since, 0.0)})
+    cancel_plans = self._cancel_plans
+    for req, token in zip(plan.decodes, tokens):
+      if req.status.terminal:
+        continue
+      if not self._non_finite(w, req, token, now) and not self._emit(w, req, token, now) \
+          and cancel_plans:
+        self._maybe_cancel(req, "decode", len(req.output_ids))
+    w.host_wait_from = done_s if w.running or w.waiting else None
+
+  def _dispatch_chained(self, w: Worker) -> None:
+    t0 = self.clock.now()
+    plan = self.policies.step.plan(w, admit=_no_admission)
+    if plan.chunks:
+      raise AssertionError(f"{w.name} planned a prefill with nothing waiting")
+    if plan.decodes and not self._ensure_decode_slots(w, plan, {}):
+      return
+    if plan.empty:
+      return
+    if len(plan.decodes) > w.max_batch:
+      self._check_step_size(w, plan)
+    now = self.clock.now()
+    table = w.tables.block_table
+    rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
+             r.sampling.temperature, r.sampling_seed, r.sampling.top_p) for r in plan.decodes]
+    tables = w.tables
+    self.samples.append({"t": now, "instance": w.name, "role": w.role,
+                         "queued": len(w.waiting), "running": len(w.running),
+                         "kv_pages_used": tables.num_used_pages,
+                         "kv_pages_total": tables.allocator.num_pages,
+                         "kv_pages_cached": tables.num_cached_idle_pages,
+                         "kv_slots_unused": tables.num_unused_slots})
+    t1 = self.clock.now()
+    try:
+      pending, slow = w.instance.decode(rows), self.injector.slow_factor(w.name, now)
+      t2 = self.clock.now()
+      if slow > 1:
+        self.injector.injected["slow_step"] += 1
+        pending = SlowPending(pending, now, slow, self.clock)
+      w.inflight = Step(plan, pending, t2, "decode", plan_s=t1 - t0, dispatch_s=t2 - t1,
+                        dispatched_s=t2)
+    except DeviceError as e:
+      self._fail_plan(w, plan, f"decode step failed on {w.name}: {type(e).__name__}: {e}")
+
+
+def _no_admission(req) -> bool:
+  raise AssertionError(f"{req.id}: admission asked of a worker with nothing waiting")
