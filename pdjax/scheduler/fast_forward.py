@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from pdjax.kv.pages import OutOfPages
 from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.policies.no_role_switch import NoRoleSwitch
 from pdjax.scheduler.worker import EWMA, SlowPending, Step, Worker
@@ -137,17 +138,20 @@ class FastForward:
     plan = self.policies.step.plan(w, admit=_no_admission)
     if plan.chunks:
       raise AssertionError(f"{w.name} planned a prefill with nothing waiting")
-    if plan.decodes and not self._ensure_decode_slots(w, plan, {}):
-      return
+    tables = w.tables
+    try:   # Steps._ensure_decode_slots without a preemption; the general one if the pool is full
+      for r in plan.decodes:
+        tables.extend(r.id, r.prompt_len + len(r.output_ids))
+    except OutOfPages:   # (extending a table again to the same length changes nothing)
+      self._ensure_decode_slots(w, plan, {})
     if plan.empty:
       return
     if len(plan.decodes) > w.max_batch:
       self._check_step_size(w, plan)
     now = self.clock.now()
-    table = w.tables.block_table
+    table = tables.block_table
     rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
              r.sampling.temperature, r.sampling_seed, r.sampling.top_p) for r in plan.decodes]
-    tables = w.tables
     self.samples.append({"t": now, "instance": w.name, "role": w.role,
                          "queued": len(w.waiting), "running": len(w.running),
                          "kv_pages_used": tables.num_used_pages,

@@ -24,7 +24,7 @@ def allowed_token_ids(vocab_size: int, eos_ids: tuple[int, ...]) -> np.ndarray:
 
 def random_prompt(rng: np.random.Generator, allowed: np.ndarray, length: int) -> list[int]:
   """length ids drawn uniformly from allowed."""
-  return [int(t) for t in allowed[rng.integers(0, allowed.size, size=length)]]
+  return allowed[rng.integers(0, allowed.size, size=length)].tolist()   # Python ints
 
 
 def block_tokens(hash_id: int, block_size: int, *, seed: int,
