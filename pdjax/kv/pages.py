@@ -118,6 +118,8 @@ class BlockTables:
     tokens = max(num_tokens, old_tokens)
     self.num_unused_slots += (pages - old_pages) * self.page_size - (tokens - old_tokens)
     self._held[seq_id] = (pages, tokens, owner)
+    if pages == old_pages and old_pages:   # a token more in a page it holds (most decode steps)
+      return
     self.pages_by_owner[owner] += pages - old_pages
     if self.pages_by_owner[owner] > self.peak_pages_by_owner.get(owner, 0):
       self.peak_pages_by_owner[owner] = self.pages_by_owner[owner]
@@ -209,6 +211,11 @@ class BlockTables:
 
   def block_table(self, seq_id: str) -> list[int]:
     return list(self._table(seq_id))
+
+  def pages_of(self, seq_id: str) -> list[int]:
+    """seq_id's block table itself, not a copy: for a caller that reads it at once and
+    keeps nothing (the simulator's hot loop); it changes as the sequence grows."""
+    return self._table(seq_id)
 
   def free(self, seq_id: str, now: float = 0.0) -> None:
     table = self._table(seq_id)

@@ -104,6 +104,12 @@ class Collect:
       done = True
     if not done:
       return False
+    self._finish_done(w, req, now)
+    return True
+
+  def _finish_done(self, w: Worker, req: Request, now: float) -> None:
+    """req generated its last token: it leaves w, its full pages stay cached, its pages
+    return to the pool."""
     w.forget(req)
     if w.tables.cache is not None:
       # The KV now holds the prompt and every generated token but the last: name its full
@@ -112,4 +118,3 @@ class Collect:
                               token_ids=list(req.prompt_ids) + req.output_ids[:-1])
     w.tables.free(req.id, now)
     self._finish(req, Status.FINISHED, now)
-    return True

@@ -128,9 +128,17 @@ class FastForward:
     for req, token in zip(plan.decodes, tokens):
       if req.status.terminal:
         continue
-      if not self._non_finite(w, req, token, now) and not self._emit(w, req, token, now) \
-          and cancel_plans:
-        self._maybe_cancel(req, "decode", len(req.output_ids))
+      if token < 0:
+        self._non_finite(w, req, token, now)
+        continue
+      out = req.output_ids             # Collect._emit without a listener (Request.add_token)
+      out.append(int(token))
+      req.token_times.append(now)
+      if len(out) >= req.sampling.max_new_tokens or (
+          not req.sampling.ignore_eos and out[-1] in req.eos_ids):
+        self._finish_done(w, req, now)
+      elif cancel_plans:
+        self._maybe_cancel(req, "decode", len(out))
     w.host_wait_from = done_s if w.running or w.waiting else None
 
   def _dispatch_chained(self, w: Worker) -> None:
@@ -149,7 +157,7 @@ class FastForward:
     if len(plan.decodes) > w.max_batch:
       self._check_step_size(w, plan)
     now = self.clock.now()
-    table = tables.block_table
+    table = tables.pages_of
     rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
              r.sampling.temperature, r.sampling_seed, r.sampling.top_p) for r in plan.decodes]
     self.samples.append({"t": now, "instance": w.name, "role": w.role,
