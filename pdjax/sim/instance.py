@@ -14,14 +14,9 @@ from __future__ import annotations
 
 from pdjax.kv.pages import BlockTables
 from pdjax.kv.transfer_result import TransferResult
-
-
-_MASK = (1 << 61) - 1
-_EMPTY = 0x9E3779B97F4A7C15 & _MASK   # the digest of no tokens
-
-
-def _mix(digest: int, token: int) -> int:
-  return (digest * 1000003 + token + 1) & _MASK
+from pdjax.sim.digest import EMPTY as _EMPTY
+from pdjax.sim.digest import VECTOR_MIN, chain
+from pdjax.sim.digest import mix as _mix
 
 
 class SimPending:
@@ -68,6 +63,8 @@ class SimInstance:
     through the last one. Reading a page no step ever wrote raises (a scheduling bug)."""
     ps = self.tables.page_size
     digest = _EMPTY if start == 0 else self.digests[pages[(start - 1) // ps]]
+    if len(ids) >= VECTOR_MIN:
+      return self._write_many(ids, start, pages, digest)
     pos = start
     for token in ids:
       digest = _mix(digest, token)
@@ -77,6 +74,18 @@ class SimInstance:
     if pos % ps:
       self.digests[pages[(pos - 1) // ps]] = digest
     return digest
+
+  def _write_many(self, ids, start: int, pages: list[int], digest: int) -> int:
+    """_write of a long run of tokens, the chain in numpy (pdjax/sim/digest.py)."""
+    ps, n = self.tables.page_size, len(ids)
+    after = chain(digest, ids)         # [j]: the digest through position start + j
+    first = (ps - 1 - start) % ps      # the first j that fills a page
+    for j, value in zip(range(first, n, ps), after[first::ps].tolist()):
+      self.digests[pages[(start + j) // ps]] = value
+    last = int(after[-1])
+    if (start + n) % ps:
+      self.digests[pages[(start + n - 1) // ps]] = last
+    return last
 
   def prefill(self, seqs) -> SimPending:
     """seqs: (token_ids, start, pages, temperature, seed[, top_p]) as on the real instance
