@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import typing
 import zlib
 
@@ -93,7 +94,7 @@ class Request:
     last after a preemption (the last one is the next decode step's input)."""
     return self.prompt_len + max(len(self.output_ids) - 1, 0)
 
-  @property
+  @functools.cached_property   # (id and sampling are never reassigned; read every step)
   def sampling_seed(self) -> int:
     """The request's part of every sampled token's randomness: its own `seed`, else a stable
     hash of its id. With the run seed and the token's position it fixes the token's noise, so

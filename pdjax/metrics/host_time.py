@@ -18,24 +18,38 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from pdjax.metrics import columns
+
 PHASES = ("plan_s", "build_s", "dispatch_s", "readback_s", "host_wait_s")
 
 
-def _by_role(steps: Sequence[dict]) -> dict[str, list[dict]]:
-  out: dict[str, list[dict]] = {}
-  for s in steps:
-    out.setdefault(s["role"], []).append(s)
-  return dict(sorted(out.items()))
+def _sum(values: np.ndarray) -> float:
+  """Left-to-right, as Python's sum() (numpy's sum adds pairwise: other last bits)."""
+  return float(np.cumsum(values)[-1]) if len(values) else 0.0
+
+
+def _roles(steps: Sequence[dict]) -> list[tuple[str, np.ndarray]]:
+  """[(role, mask of its steps)], roles sorted (numpy over the columns; a pass per key)."""
+  if not len(steps):
+    return []
+  role, names = columns.codes(steps, "role")
+  return [(name, role == i) for i, name in enumerate(names)]
 
 
 def host_overhead(steps: Sequence[dict]) -> dict[str, float | None]:
   """{role: share of its busy-or-waiting time that its devices waited for the host}; None for
   a role whose steps took no time."""
   out = {}
-  for role, st in _by_role(steps).items():
-    wait = sum(s.get("host_wait_s", 0.0) for s in st)
-    busy = sum(max(s["end_s"] - s["start_s"], 0.0) for s in st)
-    out[role] = wait / (busy + wait) if busy + wait > 0 else None
+  if not len(steps):
+    return out
+  start, end, wait = columns.numbers(steps, ("start_s", "end_s", "host_wait_s"),
+                                     {"host_wait_s": 0.0})
+  for role, mask in _roles(steps):
+    waited = _sum(wait[mask])
+    busy = _sum(np.maximum(end[mask] - start[mask], 0.0))
+    out[role] = waited / (busy + waited) if busy + waited > 0 else None
   return out
 
 
@@ -43,11 +57,15 @@ def host_time(steps: Sequence[dict]) -> dict[str, dict]:
   """{role: {"steps", "ahead" (steps dispatched before the previous one's tokens were read),
   "<phase>_ms_mean" and "<phase>_s_total" per phase}}."""
   out = {}
-  for role, st in _by_role(steps).items():
-    row = {"steps": len(st), "ahead": sum(bool(s.get("ahead")) for s in st)}
-    for phase in PHASES:
-      total = sum(s.get(phase, 0.0) for s in st)
-      row[f"{phase[:-2]}_ms_mean"] = 1e3 * total / len(st)
+  if not len(steps):
+    return out
+  values = columns.numbers(steps, ("ahead",) + PHASES, dict.fromkeys(("ahead",) + PHASES, 0.0))
+  for role, mask in _roles(steps):
+    n = int(mask.sum())
+    row = {"steps": n, "ahead": int(np.count_nonzero(values[0][mask]))}
+    for phase, column in zip(PHASES, values[1:]):
+      total = _sum(column[mask])
+      row[f"{phase[:-2]}_ms_mean"] = 1e3 * total / n
       row[f"{phase}_total"] = total
     out[role] = row
   return out
