@@ -1,0 +1,136 @@
+"""A node's host-memory KV tier: full prefix pages offloaded from the instances' device pools,
+kept under the same names as the device prefix cache (pure Python, deterministic).
+
+A page's name is the prefix cache's chained hash over (salt, previous page, tokens), the salt
+being the tenant's own unless a shared salt is configured: a lookup under one tenant's salt can
+only reach pages written under it. Each entry holds a `payload` that the tier never looks into
+(the simulator's page digest, the engine's host copy of the page's K/V).
+
+A write (offload) is in flight until `ready_s`: a page is never served before its copy has
+landed, and a writer that dies before then loses its writes (`drop_writer`), so nothing is
+ever read half-written. Landed pages are evicted least recently used first (`lfu`: fewest
+hits first, ties by recency) when the tier is full; pages still being written are never
+evicted, and a write that finds the tier full of them is refused (counted).
+
+Issue 18's first part: the tier itself. Offload from device eviction, reloads, the routers'
+view and write-through build on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+HOST_TIER_POLICIES = ("lru", "lfu")
+
+
+@dataclasses.dataclass
+class HostPage:
+  salt: str
+  owner: str            # tenant, for per-tenant accounting
+  payload: object
+  writer: str           # the instance that offloaded it
+  ready_s: float        # its copy has landed from then on
+  last_used_s: float
+  hits: int = 0
+
+
+class HostTier:
+
+  def __init__(self, capacity_pages: int, policy: str = "lru"):
+    if capacity_pages < 1:
+      raise ValueError(f"capacity_pages must be >= 1, got {capacity_pages}")
+    if policy not in HOST_TIER_POLICIES:
+      raise ValueError(f"policy must be one of {HOST_TIER_POLICIES}, got {policy!r}")
+    self.capacity, self.policy = capacity_pages, policy
+    self._pages: collections.OrderedDict[bytes, HostPage] = collections.OrderedDict()  # LRU
+    self.stats = collections.Counter()   # offloaded, refused, duplicates, hit_pages,
+                                         # lookups, hit_lookups, evictions, flushed, aborted
+
+  def __len__(self) -> int:
+    return len(self._pages)
+
+  def __contains__(self, name: bytes) -> bool:
+    return name in self._pages
+
+  # ---- writes ---------------------------------------------------------------------------
+
+  def offer(self, name: bytes, salt: str, owner: str, payload, *, writer: str,
+            ready_s: float, now: float) -> bool:
+    """Stores an offloaded page (landing at ready_s); False when it is already held (same
+    name, same content) or the tier is full of pages still being written."""
+    if name in self._pages:
+      self.stats["duplicates"] += 1
+      return False
+    if len(self._pages) >= self.capacity and not self._evict_one(now):
+      self.stats["refused"] += 1
+      return False
+    self._pages[name] = HostPage(salt, owner, payload, writer, ready_s, now)
+    self.stats["offloaded"] += 1
+    return True
+
+  def drop_writer(self, writer: str, now: float) -> int:
+    """writer died: its writes that had not landed by now are gone. Returns how many."""
+    lost = [n for n, p in self._pages.items() if p.writer == writer and p.ready_s > now]
+    for n in lost:
+      del self._pages[n]
+    self.stats["aborted"] += len(lost)
+    return len(lost)
+
+  def flush(self, salt: str) -> int:
+    """Forgets every page written under salt (landed or not). Returns how many."""
+    gone = [n for n, p in self._pages.items() if p.salt == salt]
+    for n in gone:
+      del self._pages[n]
+    self.stats["flushed"] += len(gone)
+    return len(gone)
+
+  # ---- reads ----------------------------------------------------------------------------
+
+  def ready_prefix(self, names: list[bytes], salt: str, now: float) -> int:
+    """How many of these leading names are held under salt and landed by now (a prefix: it
+    stops at the first miss)."""
+    n = 0
+    for name in names:
+      page = self._pages.get(name)
+      if page is None or page.salt != salt or page.ready_s > now:
+        break
+      n += 1
+    return n
+
+  def take(self, names: list[bytes], salt: str, now: float) -> list:
+    """The payloads of these names (all landed, under salt: check with ready_prefix first),
+    counted as hits and made most recently used."""
+    out = []
+    for name in names:
+      page = self._pages[name]
+      if page.salt != salt or page.ready_s > now:
+        raise KeyError(f"host page {name.hex()} is not readable under {salt!r} at {now}")
+      page.hits += 1
+      page.last_used_s = now
+      self._pages.move_to_end(name)
+      out.append(page.payload)
+    self.stats["hit_pages"] += len(out)
+    return out
+
+  def count_lookup(self, hit_pages: int) -> None:
+    """One request's lookup (a hit when it found at least one page)."""
+    self.stats["lookups"] += 1
+    self.stats["hit_lookups"] += hit_pages > 0
+
+  def pages_by_owner(self) -> dict[str, int]:
+    return dict(sorted(collections.Counter(p.owner for p in self._pages.values()).items()))
+
+  # ---- space ----------------------------------------------------------------------------
+
+  def _evict_one(self, now: float) -> bool:
+    landed = ((n, p) for n, p in self._pages.items() if p.ready_s <= now)   # LRU first
+    if self.policy == "lfu":   # fewest hits; min() keeps the least recently used of ties
+      victim = min(landed, key=lambda item: item[1].hits, default=(None,))[0]
+    else:
+      victim = next(landed, (None,))[0]
+    if victim is None:
+      return False
+    del self._pages[victim]
+    self.stats["evictions"] += 1
+    return True
