@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 
+from pdjax.kv.host_tier import HOST_TIER_POLICIES
 from pdjax.kv.prefix_cache import EVICTION_POLICIES
 from pdjax.models.llama_config import PRESETS, LlamaConfig, config_from_hf
 from pdjax.models.orbax_checkpoint import checkpoint_format
@@ -133,6 +134,25 @@ LAUNCHERS = ("local", "ray")
 RAY_ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
 
 
+def _check_host_tier(cfg) -> None:
+  """kv.host_tier_pages / kv.host_tier_policy (issue 18): the host tier holds prefix pages by
+  their prefix-cache names, so it needs the prefix cache; so far it runs on the simulator."""
+  kv = cfg.kv
+  pages = kv.get("host_tier_pages", 0)
+  _require(isinstance(pages, int) and pages >= 0, "kv.host_tier_pages", pages,
+           "must be an integer >= 0 (0: no host tier)")
+  _require(kv.get("host_tier_policy", "lru") in HOST_TIER_POLICIES, "kv.host_tier_policy",
+           kv.get("host_tier_policy"), f"is not one of {', '.join(HOST_TIER_POLICIES)}")
+  if pages:
+    _require(kv.prefix_cache, "kv.host_tier_pages", pages,
+             "needs kv.prefix_cache=True (host pages are found by their prefix names)")
+    _require(cfg.backend == "sim", "kv.host_tier_pages", pages,
+             "runs on backend=sim so far (the real engine's host copies are not built yet)")
+  gbps = cfg.sim.get("host_link_gbps", 0.0)
+  _require(math.isfinite(gbps) and gbps >= 0, "sim.host_link_gbps", gbps,
+           "must be a finite number >= 0 (0: the hardware preset's)")
+
+
 def launcher(cfg) -> str:
   """cluster.launcher: local (every instance in this process) or ray (one process each)."""
   return cfg.cluster.get("launcher", "local")
@@ -243,6 +263,7 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(kv.get("eviction", "lru") in EVICTION_POLICIES, "kv.eviction", kv.get("eviction"),
            f"is not one of {', '.join(EVICTION_POLICIES)}")
   flush_schedule(cfg)
+  _check_host_tier(cfg)
   _require(kv.get("transfer_failure_policy", "retry_then_recompute") in TRANSFER_FAILURE_POLICIES,
            "kv.transfer_failure_policy", kv.get("transfer_failure_policy"),
            f"is not one of {', '.join(TRANSFER_FAILURE_POLICIES)}")

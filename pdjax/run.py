@@ -99,6 +99,14 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None):
   if cfg.kv.prefix_cache:
     for inst in instances:
       inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)
+  if cfg.kv.get("host_tier_pages", 0):   # one node: every instance shares one host tier
+    from pdjax.kv.host_tier import HostTier
+    from pdjax.sim.hardware import HARDWARE
+    tier = HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy)
+    gbps = cfg.sim.get("host_link_gbps", 0.0)
+    link = gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s
+    for inst in instances:
+      inst.attach_host_tier(tier, link)
   kv = cfg.kv
   serve_kwargs.update(policies=policies_for(cfg, run, opts),
                       injector=FaultInjector(config_lib.fault_spec(cfg)),

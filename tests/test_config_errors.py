@@ -123,3 +123,28 @@ def test_fault_flag_from_the_command_line_is_one_line():
                          "--workdir=/nonexistent/x"], capture_output=True, text=True, timeout=300)
   assert (proc.returncode, proc.stderr.strip()) == (
       2, "config error: faults.cancel_prob=2.0 must be a probability in [0, 1]")
+
+
+@pytest.mark.parametrize("updates, message", [
+    ({"kv.host_tier_pages": -1}, "kv.host_tier_pages=-1 must be an integer >= 0 (0: no host tier)"),
+    ({"kv.host_tier_policy": "fifo"}, "kv.host_tier_policy='fifo' is not one of lru, lfu"),
+    ({"kv.host_tier_pages": 64, "backend": "sim"},
+     "kv.host_tier_pages=64 needs kv.prefix_cache=True (host pages are found by their prefix "
+     "names)"),
+    ({"kv.host_tier_pages": 64, "kv.prefix_cache": True},
+     "kv.host_tier_pages=64 runs on backend=sim so far (the real engine's host copies are not "
+     "built yet)"),
+    ({"sim.host_link_gbps": -1.0}, "sim.host_link_gbps=-1.0 must be a finite number >= 0 (0: "
+     "the hardware preset's)"),
+])
+def test_host_tier_keys(updates, message):
+  cfg = config_lib.load_config_module("configs/default.py").get_config()
+  for key, value in updates.items():
+    node = cfg
+    *path, leaf = key.split(".")
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  assert str(e.value) == message

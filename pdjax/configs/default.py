@@ -56,6 +56,9 @@ def get_config(arg=None):
   c.kv.tenant_quota_pages = 0              # pages a tenant may hold per tier (0: no quota)
   c.kv.eviction = "lru"                    # idle cached pages dropped first: lru | lfu
   c.kv.flush_tenants = ""                  # "tenant@seconds,...": forget its cached pages then
+  c.kv.host_tier_pages = 0                 # host-memory tier of evicted prefix pages, shared by
+                                           #   the node's instances (0: off; needs prefix_cache)
+  c.kv.host_tier_policy = "lru"            # host tier eviction: lru | lfu
   c.kv.transfer_failure_policy = "retry_then_recompute"   # or "fail"
   c.kv.transfer_retries = 3                # retries of a failed KV transfer before the policy
   c.kv.transfer_backoff_s = 0.005          # first retry's delay (doubles per retry)
@@ -112,6 +115,7 @@ def get_config(arg=None):
   c.sim.hardware = "h200"                  # tpu_v5e | tpu_v5p | tpu_v6e | a100 | h100 | h200
   c.sim.link_gbps = 0.0                    # P->D link in Gbit/s; 0 = the preset's ICI/NVLink
   c.sim.profile = ""                       # calibrated profile JSON; "" = the shipped CPU one
+  c.sim.host_link_gbps = 0.0               # host <-> device link (host KV tier); 0 = the preset's
   c.sim.fast_forward = True                # decode chains between events without a loop turn
                                            #   per step (identical results, faster)
 

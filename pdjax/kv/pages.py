@@ -98,6 +98,9 @@ class BlockTables:
     self.allocator = PageAllocator(num_pages)
     self._tables: dict[str, list[int]] = {}
     self.cache = None                       # a PrefixCache once enable_prefix_cache() runs
+    self.host = None                        # a node's HostTier once attach_host() runs
+    self.pending_loads: dict[int, object] = {}   # page -> host payload to write before the
+                                                 # next step (a prefix reloaded from the host)
     self._names: dict[str, tuple[list[bytes], str]] = {}   # seq -> (page names, salt)
     # Accounting for reports: pages and tokens each table holds (the unused tail of its last
     # page is internal fragmentation), and pages held per owner (tenant), now and at peak.
@@ -110,6 +113,19 @@ class BlockTables:
                           eviction: str = "lru") -> None:
     self.cache = PrefixCache(self.allocator, self.page_size, capacity_pages=capacity_pages,
                              ttl_s=ttl_s, eviction=eviction)
+
+  def attach_host(self, tier, offload) -> None:
+    """Shares a node's host tier (kv/host_tier.py): prefix pages evicted or expired from this
+    pool go to offload(page, name, salt) (which writes them to the tier), and allocate_prefix
+    reloads the tier's pages that continue a device hit. Needs the prefix cache."""
+    if self.cache is None:
+      raise ValueError("a host tier needs the prefix cache (page names)")
+    self.host, self.cache.on_drop = tier, offload
+
+  def take_loads(self) -> list[tuple[int, object]]:
+    """The host pages to write into this pool before the next step runs: (page, payload)."""
+    loads, self.pending_loads = list(self.pending_loads.items()), {}
+    return loads
 
   def _account(self, seq_id: str, num_tokens: int, owner: str = "") -> None:
     """Records a new or grown table: its tokens (never shrinking) and its owner's pages."""
@@ -186,7 +202,15 @@ class BlockTables:
     self._tables[seq_id] = hits + self.allocator.allocate(need)
     self._names[seq_id] = (names, salt)
     self._account(seq_id, num_tokens, owner)
-    return len(hits) * self.page_size
+    reloaded = 0
+    if self.host is not None and len(hits) < max_pages:
+      # The host tier continues the device hit (names chain: only a prefix can be reused).
+      reloaded = self.host.ready_prefix(names[len(hits):], salt, now)
+      self.host.count_lookup(reloaded)
+      fresh = self._tables[seq_id][len(hits):len(hits) + reloaded]
+      payloads = self.host.take(names[len(hits):len(hits) + reloaded], salt, now)
+      self.pending_loads.update(zip(fresh, payloads))
+    return (len(hits) + reloaded) * self.page_size
 
   def _allocate_or_none(self, seq_id: str, num_tokens: int, owner: str = "") -> bool:
     if not self.can_allocate(num_tokens):
@@ -222,6 +246,8 @@ class BlockTables:
     self.allocator.free(table)
     self._unaccount(seq_id)
     del self._tables[seq_id]
+    for p in table if self.pending_loads else ():
+      self.pending_loads.pop(p, None)    # never written into a page someone else gets next
     self._names.pop(seq_id, None)
     if self.cache is not None:
       self.cache.release(table, now)
@@ -233,7 +259,7 @@ class BlockTables:
     for seq_id in list(self._tables):
       self.free(seq_id, now)
     if self.cache is not None:
-      self.cache.clear()
+      self.cache.clear()                 # (not offloaded: the device state is gone)
     return lost
 
   def __contains__(self, seq_id: str) -> bool:

@@ -33,11 +33,15 @@ def salt_for(tenant: str, shared_salt: str = "") -> str:
 
 
 def flush_tenant(tables, tenant: str, shared_salt: str = "") -> int:
-  """Forgets every cached page of `tenant` in each of these BlockTables (its data can no
-  longer be hit, so no later request can reuse or time it); pages live sequences still use
-  stay theirs. With a shared salt the whole shared cache goes. Returns pages forgotten."""
+  """Forgets every cached page of `tenant` in each of these BlockTables and in the host tier
+  they share, if any (its data can no longer be hit, so no later request can reuse or time
+  it); pages live sequences still use stay theirs. With a shared salt the whole shared cache
+  goes. Returns pages forgotten (both tiers).""" 
   salt = salt_for(tenant, shared_salt)
-  return sum(t.cache.flush(salt) for t in tables if t.cache is not None)
+  tables = list(tables)
+  hosts = {id(t.host): t.host for t in tables if getattr(t, "host", None) is not None}
+  return (sum(t.cache.flush(salt) for t in tables if t.cache is not None)
+          + sum(h.flush(salt) for h in hosts.values()))   # and the node's host tier
 
 
 def prefix_names(salt: str, token_ids, page_size: int) -> list[bytes]:
@@ -74,6 +78,9 @@ class PrefixCache:
     self._entry: dict[int, tuple[bytes, str]] = {}       # page -> (name, salt)
     self._idle: collections.OrderedDict[int, float] = collections.OrderedDict()  # LRU, last use
     self.stats = collections.Counter()   # evictions, expiries
+    # Called with (page, name, salt) just before an evicted or expired page is dropped (its
+    # content still intact): the host tier's offload (pdjax/kv/host_tier.py).
+    self.on_drop = None
 
   # ---- lookups --------------------------------------------------------------------------
 
@@ -163,6 +170,7 @@ class PrefixCache:
         break
       old.append(p)
     for p in old:
+      self._offload(p)
       self._drop(p)
     self.stats["expiries"] += len(old)
     return len(old)
@@ -189,9 +197,15 @@ class PrefixCache:
       victim = min(self._idle, key=self._page_hits.__getitem__)
     else:
       victim = next(iter(self._idle))
+    self._offload(victim)
     self._drop(victim)
     self.stats["evictions"] += 1
     return True
+
+  def _offload(self, page: int) -> None:
+    if self.on_drop is not None:
+      name, salt = self._entry[page]
+      self.on_drop(page, name, salt)
 
   def _drop(self, page: int) -> None:
     name, _ = self._entry.pop(page)

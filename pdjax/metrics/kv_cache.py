@@ -43,6 +43,32 @@ def kv_cache_summary(requests, instances, samples=(), flushes=()) -> dict:
       "internal_fragmentation": internal_fragmentation(
           samples, instances[0].tables.page_size if instances else 1),
       "pages_per_tenant": pages_per_tenant(instances),
+      **({"host_tier": host_tier_summary(instances)}
+         if any(getattr(i.tables, "host", None) is not None for i in instances) else {}),
+  }
+
+
+def host_tier_summary(instances) -> dict:
+  """The node's host tier: its own counts (pages offloaded into it, refused when full of
+  writes in flight, evicted, flushed, lost with a dead writer; reload lookups and the pages
+  they hit), the pages and bytes the instances moved over the host link and their load time,
+  and the pages each tenant (salt) holds at the end."""
+  tier = next(i.tables.host for i in instances if getattr(i.tables, "host", None) is not None)
+  moved = collections.Counter()
+  for inst in instances:
+    moved.update(getattr(inst, "host_stats", {}))
+  page_bytes = instances[0].kv_bytes(1) if hasattr(instances[0], "kv_bytes") else 0
+  s = tier.stats
+  return {
+      "capacity_pages": tier.capacity, "policy": tier.policy, "pages_at_end": len(tier),
+      "offloaded_pages": s["offloaded"], "refused_pages": s["refused"],
+      "evicted_pages": s["evictions"], "flushed_pages": s["flushed"],
+      "lost_in_flight_pages": s["aborted"],
+      "lookups": s["lookups"], "hit_lookups": s["hit_lookups"], "hit_pages": s["hit_pages"],
+      "loaded_bytes": moved["load_pages"] * page_bytes,
+      "offloaded_bytes": moved["offload_pages"] * page_bytes,
+      "load_s_total": moved["load_s"],
+      "pages_per_tenant": tier.pages_by_owner(),
   }
 
 

@@ -240,6 +240,8 @@ class Recovery:
     w.running.clear()
     w.reserved.clear()        # transfers still flying here are sent elsewhere when they land
     self.fault_counts["pages_lost_with_instances"] += w.tables.reset(now)
+    if w.tables.host is not None:   # its host-tier writes still in flight never land
+      w.tables.host.drop_writer(w.name, now)
     for r, _ in lost:
       self._drop_everywhere(r)
     for r in victims:

@@ -24,6 +24,11 @@ model (NVIDIA/nccl src/graph/tuning.cc) costs an NVLink ring step 0.47 us (LL pr
 3.4 us (Simple) on top of a 6.6-8.4 us base per call: 7.5-13 us (LL) and 15-56 us (Simple) per
 all-reduce at TP 2-8, against 4-28 us here. Google publishes no ICI hop latency; TPUs use the
 same figure.
+
+Host link (`host_bytes_per_s`, the host KV tier's offloads and reloads), per chip per
+direction: PCIe Gen4 x16 (a100) 32 GB/s, PCIe Gen5 x16 (h100, h200) 64 GB/s, nominal (measured
+pinned-memory copies reach ~80% of it). TPUs: 32 GB/s assumed (Google publishes no per-chip
+host DMA figure). `sim.host_link_gbps` overrides it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class Hardware:
   link_bytes_per_s: float  # default P->D link
   ici_bytes_per_s: float | None = None   # TP collectives, per chip per direction; None: the link
   ici_latency_s: float = 2e-6            # per ring all-reduce step (chip-to-chip hop)
+  host_bytes_per_s: float = 32e9         # host <-> chip copies (the host KV tier), per chip
 
   @property
   def collective_bytes_per_s(self) -> float:
@@ -53,6 +59,8 @@ HARDWARE = {h.name: h for h in (
     Hardware("tpu_v5p", 459e12, 95 * GB, 2765 * GB, 600 * GB, ici_bytes_per_s=600 * GB),
     Hardware("tpu_v6e", 918e12, 32 * GB, 1640 * GB, 448 * GB, ici_bytes_per_s=400 * GB),
     Hardware("a100", 312e12, 80 * GB, 2039 * GB, 600 * GB, ici_bytes_per_s=300 * GB),
-    Hardware("h100", 989e12, 80 * GB, 3350 * GB, 900 * GB, ici_bytes_per_s=450 * GB),
-    Hardware("h200", 989e12, 141 * GB, 4800 * GB, 900 * GB, ici_bytes_per_s=450 * GB),
+    Hardware("h100", 989e12, 80 * GB, 3350 * GB, 900 * GB, ici_bytes_per_s=450 * GB,
+             host_bytes_per_s=64 * GB),
+    Hardware("h200", 989e12, 141 * GB, 4800 * GB, 900 * GB, ici_bytes_per_s=450 * GB,
+             host_bytes_per_s=64 * GB),
 )}

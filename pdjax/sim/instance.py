@@ -18,6 +18,8 @@ from pdjax.sim.digest import EMPTY as _EMPTY
 from pdjax.sim.digest import VECTOR_MIN, chain
 from pdjax.sim.digest import mix as _mix
 
+HOST_LATENCY_S = 1e-5   # a host copy's fixed cost where the cost model names no link latency
+
 
 class SimPending:
   """A step that completes at `end_s` on the virtual clock (a shared host may move end_s
@@ -50,6 +52,37 @@ class SimInstance:
     self.compiles = 0
     self._vocab, self._eos = vocab_size, set(eos_ids)
     self.digests: dict[int, int] = {}   # page -> digest of its sequence through its last slot
+    self.host_bytes_per_s = 0.0          # the host link, once a host tier is attached
+    self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
+
+  def attach_host_tier(self, tier, host_bytes_per_s: float) -> None:
+    """Shares a node's host KV tier over a host link of this bandwidth (pdjax/kv/host_tier.py):
+    an evicted prefix page is copied out (landing after its copy time; the step loop does not
+    wait), a reloaded one is copied in before the step that needs it (the step waits)."""
+    self.host_bytes_per_s = host_bytes_per_s
+    self.tables.attach_host(tier, self._offload)
+
+  def _host_copy_s(self, num_pages: int) -> float:
+    return (self.kv_bytes(num_pages) / self.host_bytes_per_s
+            + getattr(self.cost, "link_latency_s", HOST_LATENCY_S))
+
+  def _offload(self, page: int, name: bytes, salt: str) -> None:
+    now = self.clock.now()
+    if self.tables.host.offer(name, salt, salt, self.digests[page], writer=self.name,
+                              ready_s=now + self._host_copy_s(1), now=now):
+      self.host_stats["offload_pages"] += 1
+
+  def _land_host_pages(self) -> float:
+    """Writes the host pages reloaded since the last step; returns the copy's seconds."""
+    loads = self.tables.take_loads() if self.tables.pending_loads else ()
+    if not loads:
+      return 0.0
+    for page, digest in loads:
+      self.digests[page] = digest
+    seconds = self._host_copy_s(len(loads))
+    self.host_stats["load_pages"] += len(loads)
+    self.host_stats["load_s"] += seconds
+    return seconds
 
   def _token(self, digest: int) -> int:
     span = max(self._vocab - 3, 1)
@@ -91,6 +124,7 @@ class SimInstance:
     """seqs: (token_ids, start, pages, temperature, seed[, top_p]) as on the real instance
     (the sampling parameters are ignored)."""
     seconds = self.cost.prefill_s([(len(ids), start) for ids, start, *_ in seqs])
+    seconds += self._land_host_pages()
     tokens = [self._token(self._write(ids, start, pages)) for ids, start, pages, *_ in seqs]
     return self._pending(seconds, tokens, "prefill")
 
@@ -98,6 +132,8 @@ class SimInstance:
     """seqs: (last_token, position, pages, temperature, seed[, top_p]) as on the real instance
     (the sampling parameters are ignored)."""
     seconds = self.cost.decode_s([pos + 1 for _, pos, *_ in seqs])
+    if self.tables.pending_loads:
+      seconds += self._land_host_pages()
     ps, digests, tokens = self.tables.page_size, self.digests, []
     for tok, pos, pages, *_ in seqs:   # _write of one token, inlined (the simulator's hot loop)
       digest = _mix(_EMPTY if pos == 0 else digests[pages[(pos - 1) // ps]], tok)

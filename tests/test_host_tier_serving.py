@@ -1,0 +1,91 @@
+"""The host KV tier in a simulated run (issue 18): evicted prefix pages are offloaded to it and
+reloaded instead of recomputed — with the same tokens as without it — only under their
+tenant's salt, forgotten by a tenant flush in both tiers, and lost (never served) when their
+writer dies before the copy landed. Nothing leaks in either tier.
+
+The workload is hand-built (jsonl with token ids) on one instance of 16 pages of 16 tokens:
+r0 (tenant a) caches X, 64 tokens = 4 full pages; three fillers of 112 tokens each need 7
+pages, so the second one evicts X's 4 pages (least recently used) to the host tier; r4, X plus
+16 new tokens, then finds X's 4 pages in the host tier: 64 prompt tokens reloaded, not
+recomputed."""
+
+import json
+import random
+
+import sim_snapshots
+from pdjax import config as config_lib
+from pdjax.run import execute
+
+X = [random.Random(0).randrange(3, 500) for _ in range(64)]
+
+
+def _trace(path, last_tenant="a"):
+  rng = random.Random(1)
+  rows = [{"arrival_s": 0.0, "prompt_ids": X, "output_len": 1, "tenant": "a"}]
+  rows += [{"arrival_s": float(i), "prompt_ids": [rng.randrange(3, 500) for _ in range(112)],
+            "output_len": 1, "tenant": "a"} for i in (1, 2, 3)]
+  rows.append({"arrival_s": 4.0, "prompt_ids": X + [7] * 16, "output_len": 4,
+               "tenant": last_tenant})
+  with open(path, "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _run(tmp_path, host_pages, last_tenant="a", **more):
+  path = tmp_path / f"trace_{last_tenant}.jsonl"
+  _trace(path, last_tenant)
+  cfg = sim_snapshots._config({
+      "mode": "colocated", "workload.kind": "jsonl", "workload.path": str(path),
+      "workload.num_requests": 5, "cluster.colocated.instances": 1, "kv.page_size": 16,
+      "kv.max_model_len": 128, "kv.pages_per_instance": 16, "kv.prefix_cache": True,
+      "kv.host_tier_pages": host_pages, **more})
+  summary, result, instances = execute(cfg, config_lib.validate(cfg), "colocated", None,
+                                       quiet=True)
+  assert summary["kv_pages_leaked"] == 0
+  assert [r.status.value for r in result.requests] == ["finished"] * 5
+  return summary, result, instances
+
+
+def test_a_prefix_evicted_to_the_host_is_reloaded_with_the_same_tokens(tmp_path):
+  off, r_off, _ = _run(tmp_path, 0)
+  on, r_on, insts = _run(tmp_path, 64)
+  assert [r.output_ids for r in r_on.requests] == [r.output_ids for r in r_off.requests]
+  assert [r.cached_tokens for r in r_off.requests] == [0, 0, 0, 0, 0]
+  assert [r.cached_tokens for r in r_on.requests] == [0, 0, 0, 0, 64]
+  host = on["kv_cache"]["host_tier"]
+  assert (host["hit_pages"], host["hit_lookups"]) == (4, 1)
+  assert host["loaded_bytes"] == 4 * insts[0].kv_bytes(1)
+  assert host["offloaded_pages"] >= 4 and host["lost_in_flight_pages"] == 0
+  assert "host_tier" not in off["kv_cache"]
+
+
+def test_another_tenant_never_loads_the_pages(tmp_path):
+  on, r_on, _ = _run(tmp_path, 64, last_tenant="b")
+  assert r_on.requests[-1].cached_tokens == 0
+  assert on["kv_cache"]["host_tier"]["hit_pages"] == 0
+  assert on["kv_cache"]["host_tier"]["pages_per_tenant"] == {"tenant:a": on["kv_cache"][
+      "host_tier"]["pages_at_end"]}
+
+
+def test_a_flush_empties_both_tiers_for_the_tenant(tmp_path):
+  on, r_on, _ = _run(tmp_path, 64, **{"kv.flush_tenants": "a@3.5"})
+  host = on["kv_cache"]["host_tier"]
+  assert r_on.requests[-1].cached_tokens == 0 and host["hit_pages"] == 0
+  assert host["flushed_pages"] >= 4 and host["pages_at_end"] == 0
+  assert host["flushed_pages"] == host["offloaded_pages"] - host["evicted_pages"]
+  flushed = on["kv_cache"]["flushes"][0]   # both tiers: the device pool's pages as well
+  assert flushed["tenant"] == "a" and flushed["pages"] > host["flushed_pages"]
+
+
+def test_writes_in_flight_die_with_their_writer(tmp_path):
+  """A host link so slow that no copy lands before the instance is killed (at 3.5 s, with a
+  restart): its writes are dropped, none is ever read, r4 recomputes X, nothing leaks."""
+  off, r_off, _ = _run(tmp_path, 0, **{"faults.kill_instance": "colocated-0@3.5",
+                                       "faults.restart_s": 0.1})
+  on, r_on, _ = _run(tmp_path, 64, **{"sim.host_link_gbps": 1e-6,
+                                      "faults.kill_instance": "colocated-0@3.5",
+                                      "faults.restart_s": 0.1})
+  host = on["kv_cache"]["host_tier"]
+  assert host["offloaded_pages"] >= 4
+  assert host["lost_in_flight_pages"] == host["offloaded_pages"]
+  assert host["hit_pages"] == 0 and host["pages_at_end"] == 0
+  assert [r.output_ids for r in r_on.requests] == [r.output_ids for r in r_off.requests]
