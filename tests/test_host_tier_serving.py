@@ -89,3 +89,34 @@ def test_writes_in_flight_die_with_their_writer(tmp_path):
   assert host["lost_in_flight_pages"] == host["offloaded_pages"]
   assert host["hit_pages"] == 0 and host["pages_at_end"] == 0
   assert [r.output_ids for r in r_on.requests] == [r.output_ids for r in r_off.requests]
+
+
+def test_routers_count_host_pages_after_the_device_prefix_at_their_weight():
+  """A holds X's first 2 pages on its device, B none; the node's host tier holds all 4: A's
+  credit is 2 + 2w, B's 4w (w = what a reload saves against a recompute)."""
+  from types import SimpleNamespace
+
+  from pdjax.kv.host_tier import HostTier
+  from pdjax.kv.pages import BlockTables
+  from pdjax.kv.prefix_cache import prefix_names
+  from pdjax.scheduler.policies.kv_aware_prefix import KvAwarePrefix
+  from pdjax.scheduler.worker import Worker
+  tier, w = HostTier(16), 0.25
+  names = prefix_names("tenant:a", X + [7], 16)
+  assert len(names) == 4
+  workers = []
+  for name, device_pages in (("A", 2), ("B", 0)):
+    tables = BlockTables(16, 16)
+    tables.enable_prefix_cache()
+    tables.attach_host(tier, lambda *_: None)
+    if device_pages:
+      tables.allocate("s", 16 * device_pages)
+      tables.cache.insert(names[:device_pages], tables.block_table("s"), "tenant:a", 0.0)
+    workers.append(Worker(SimpleNamespace(name=name, tables=tables, host_page_weight=w),
+                          "colocated", 4))
+  for name in names:
+    tier.offer(name, "tenant:a", "a", 0, writer="x", ready_s=9.0, now=0.0)
+  assert [wk.prefix_credit(names, "tenant:a") for wk in workers] == [2 + 2 * w, 4 * w]
+  assert [wk.prefix_credit(names, "tenant:b") for wk in workers] == [2, 0.0]
+  req = SimpleNamespace(prefill_tokens=X + [7], tenant="a")
+  assert KvAwarePrefix().choose(req, workers[::-1]) is workers[0]

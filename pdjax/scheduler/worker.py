@@ -138,6 +138,16 @@ class Worker:
     cache = self.tables.cache
     return 0 if cache is None else cache.held(names)
 
+  def prefix_credit(self, names: list, salt: str) -> float:
+    """Pages of this leading prefix the instance would not recompute: those its prefix cache
+    holds, plus the node's host-tier pages that continue them (landed or being written), each
+    worth what a reload saves against a recompute (`instance.host_page_weight`, in [0, 1])."""
+    held = self.cached_prefix_pages(names)
+    host = getattr(self.tables, "host", None)
+    if host is None or held >= len(names):
+      return held
+    return held + self.instance.host_page_weight * host.held_prefix(names[held:], salt)
+
   def pages_for(self, num_tokens: int) -> int:
     return self.tables.pages_needed(num_tokens)
 

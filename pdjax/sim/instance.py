@@ -53,6 +53,7 @@ class SimInstance:
     self._vocab, self._eos = vocab_size, set(eos_ids)
     self.digests: dict[int, int] = {}   # page -> digest of its sequence through its last slot
     self.host_bytes_per_s = 0.0          # the host link, once a host tier is attached
+    self.host_page_weight = 0.0          # what reloading a page saves against recomputing it
     self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
 
   def attach_host_tier(self, tier, host_bytes_per_s: float) -> None:
@@ -61,6 +62,8 @@ class SimInstance:
     wait), a reloaded one is copied in before the step that needs it (the step waits)."""
     self.host_bytes_per_s = host_bytes_per_s
     self.tables.attach_host(tier, self._offload)
+    recompute_s = self.cost.prefill_s([(self.tables.page_size, 0)])
+    self.host_page_weight = max(0.0, 1.0 - self._host_copy_s(1) / recompute_s)
 
   def _host_copy_s(self, num_pages: int) -> float:
     return (self.kv_bytes(num_pages) / self.host_bytes_per_s

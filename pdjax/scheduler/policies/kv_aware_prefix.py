@@ -2,7 +2,9 @@
 cache, as Dynamo's KV router and SGLang's cache-aware router do.
 
 cost(worker) = queued prompt tokens on the worker + the request's tokens that are not cached
-there (cached tokens weighted by `prefix_weight`), ties broken by free KV pages. With no cache
+there (cached tokens weighted by `prefix_weight`), ties broken by free KV pages. Pages the
+node's host tier holds after the device prefix count as cached, weighted by what a reload
+saves against a recompute (`Worker.prefix_credit`). With no cache
 on the instances this is least-queued-tokens routing. The request's page names are computed
 once per request (same salt rule as the driver: its tenant's, or `shared_salt`)."""
 
@@ -20,9 +22,10 @@ class KvAwarePrefix(Router):
       return None
     tokens = req.prefill_tokens
     page_size = candidates[0].tables.page_size
-    names = prefix_names(salt_for(req.tenant, self.shared_salt), tokens, page_size)
+    salt = salt_for(req.tenant, self.shared_salt)
+    names = prefix_names(salt, tokens, page_size)
     def cost(w):
-      saved = w.cached_prefix_pages(names) * page_size
+      saved = w.prefix_credit(names, salt) * page_size
       return (w.queued_tokens() + len(tokens) - self.weight * saved,
               -w.free_pages(), w.num_running())
     return min(candidates, key=cost)

@@ -1,6 +1,7 @@
 """prefix_hybrid: skip disaggregation when little of the prompt is left to compute (llm-d's
 prefix-based decider). The tokens a decode instance would still have to prefill are the prompt
-minus the longest prefix some decode instance holds in its prefix cache; when that is under
+minus the longest prefix some decode instance holds in its prefix cache (host-tier pages
+after it weighted as in `Worker.prefix_credit`); when that is under
 `length_threshold`, the request is prefilled and decoded on the decode tier (the decode router
 then picks the instance, e.g. kv_aware_prefix or session_sticky); otherwise it goes
 disaggregated. Without prefix caches this is length_hybrid."""
@@ -20,8 +21,9 @@ class PrefixHybrid(PathPolicy):
     cached = 0
     if decode_tier:
       page_size = decode_tier[0].tables.page_size
-      names = prefix_names(salt_for(req.tenant, self.shared_salt), tokens, page_size)
-      cached = max(w.cached_prefix_pages(names) for w in decode_tier) * page_size
+      salt = salt_for(req.tenant, self.shared_salt)
+      names = prefix_names(salt, tokens, page_size)
+      cached = max(w.prefix_credit(names, salt) for w in decode_tier) * page_size
     if len(tokens) - cached < self.threshold:
       return PathChoice("colocated", "decode")
     return DISAGG
