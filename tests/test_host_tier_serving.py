@@ -120,3 +120,31 @@ def test_routers_count_host_pages_after_the_device_prefix_at_their_weight():
   assert [wk.prefix_credit(names, "tenant:b") for wk in workers] == [2, 0.0]
   req = SimpleNamespace(prefill_tokens=X + [7], tenant="a")
   assert KvAwarePrefix().choose(req, workers[::-1]) is workers[0]
+
+
+def test_report_shows_the_host_tier(tmp_path):
+  from pdjax.metrics.report_sections import kv_cache_section
+  on, _, _ = _run(tmp_path, 64)
+  text = "\n".join(kv_cache_section(on["kv_cache"]))
+  h = on["kv_cache"]["host_tier"]
+  assert "## Host KV tier" in text
+  assert (f"- Reload lookups: {h['lookups']}, with a hit: 1; pages reloaded: 4 "
+          f"({h['loaded_bytes'] / (1 << 20):.2f} MiB") in text
+  off, _, _ = _run(tmp_path, 0)
+  assert "Host KV tier" not in "\n".join(kv_cache_section(off["kv_cache"]))
+
+
+def test_trace_has_a_host_tier_track(tmp_path):
+  from pdjax.metrics.trace import trace_events
+  _, result, _ = _run(tmp_path, 64)
+  track = [e for e in trace_events(requests=result.requests, steps=result.steps,
+                                   role_switches=result.role_switches, samples=result.samples)
+           if e.get("name") == "host tier pages"]
+  assert [e["args"]["pages"] for e in track] == [s["host_tier_pages"] for s in result.samples]
+  assert max(e["args"]["pages"] for e in track) >= 4
+  binned = [e for e in trace_events(requests=result.requests, steps=result.steps,
+                                    role_switches=result.role_switches,
+                                    samples=result.samples, max_step_events=2)
+            if e.get("name") == "host tier pages"]
+  assert 1 <= len(binned) <= 2 and max(e["args"]["pages"] for e in binned) == max(
+      s["host_tier_pages"] for s in result.samples)

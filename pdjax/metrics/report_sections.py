@@ -175,6 +175,27 @@ def kv_cache_section(kv: dict) -> list[str]:
             for h in hot]
     lines += ["Hot prefixes (deepest page a hit matched):", ""]
     lines += md_table(["prefix", "salt", "pages", "hits", "tokens saved"], rows, "llrrr") + [""]
+  if "host_tier" in kv:
+    lines += host_tier_section(kv["host_tier"])
+  return lines
+
+
+def host_tier_section(h: dict) -> list[str]:
+  """The node's host KV tier (kv.host_tier_pages), beside the device pools' prefix cache."""
+  mib = 1 / (1 << 20)
+  lines = ["## Host KV tier", "",
+           f"- {h['capacity_pages']} pages ({h['policy']}); {h['pages_at_end']} held at the end",
+           f"- Offloaded from device pools: {h['offloaded_pages']} pages "
+           f"({h['offloaded_bytes'] * mib:.2f} MiB); refused (full of writes in flight): "
+           f"{h['refused_pages']}; evicted: {h['evicted_pages']}; flushed: "
+           f"{h['flushed_pages']}; lost with their writer: {h['lost_in_flight_pages']}",
+           f"- Reload lookups: {h['lookups']}, with a hit: {h['hit_lookups']}; pages reloaded: "
+           f"{h['hit_pages']} ({h['loaded_bytes'] * mib:.2f} MiB, {1e3 * h['load_s_total']:.2f} "
+           f"ms of copies)", ""]
+  if h["pages_per_tenant"]:
+    rows = [[salt, str(n)] for salt, n in h["pages_per_tenant"].items()]
+    lines += ["Host pages per tenant at the end:", ""]
+    lines += md_table(["salt", "pages"], rows, "lr") + [""]
   return lines
 
 

@@ -192,6 +192,26 @@ def _trace_events(requests: Sequence[Request], steps: Sequence[dict],
     yield from trace_bins.binned_counters(samples, max_step_events)
   else:
     yield from pool_counters(samples)
+  yield from host_tier_counter(samples, max_step_events if bin_samples else None)
+
+
+def host_tier_counter(samples: Sequence[dict], limit: int | None) -> list[dict]:
+  """Process 1: the node's host KV tier's "host tier pages" counter track (samples carry it
+  when kv.host_tier_pages is on), one point per sample or, with a limit, per time bin (max)."""
+  held = [s for s in samples if "host_tier_pages" in s]
+  if not held:
+    return []
+  if limit is not None:
+    from pdjax.metrics import trace_bins   # here: it imports this module
+    import numpy as np
+    t = np.fromiter((s["t"] for s in held), np.float64, len(held))
+    pages = np.fromiter((s["host_tier_pages"] for s in held), np.int64, len(held))
+    b, _, _ = trace_bins.bin_index(t, 1, limit)
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    held = [{"t": float(ts), "host_tier_pages": int(n)} for ts, n in
+            zip(t[starts], np.maximum.reduceat(pages, starts))]
+  return [{"name": "host tier pages", "ph": "C", "ts": _us(s["t"]), "pid": INSTANCES_PID,
+           "args": {"pages": s["host_tier_pages"]}} for s in held]
 
 
 def write_events(f, events: Iterable[dict], chunk: int = 20_000) -> None:

@@ -166,6 +166,8 @@ class FastForward:
                          "kv_pages_total": tables.allocator.num_pages,
                          "kv_pages_cached": tables.num_cached_idle_pages,
                          "kv_slots_unused": tables.num_unused_slots})
+    if tables.host is not None:
+      self.samples[-1]["host_tier_pages"] = len(tables.host)
     t1 = self.clock.now()
     try:
       pending, slow = w.instance.decode(rows), self.injector.slow_factor(w.name, now)

@@ -67,6 +67,8 @@ class Steps:
                          "kv_pages_total": w.total_pages(),
                          "kv_pages_cached": w.tables.num_cached_idle_pages,
                          "kv_slots_unused": w.tables.num_unused_slots})
+    if w.tables.host is not None:   # the node's host KV tier, as this dispatch saw it
+      self.samples[-1]["host_tier_pages"] = len(w.tables.host)
     t1 = self.clock.now()
     try:
       pending, slow = call(), self.injector.slow_factor(w.name, now)
