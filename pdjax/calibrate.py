@@ -4,16 +4,19 @@
   python -m pdjax.calibrate --config=my.py --out=h200_llama8b.json --repeats=7
 
 Builds the config's disaggregated cluster (or, when it does not fit the devices, one prefill
-and one decode instance; plus a colocated one when its TP differs), warms every program, then times, per TP degree, a grid of prefill steps (each
-token bucket half and fully used, as one sequence, as several, and after a cached prefix),
-decode steps (each batch bucket half and full, at short, middle and full contexts) and KV
-transfers (every transfer bucket), and how instances that share the host slow each other
-(`measure_sharing`). A point is the median of at least --repeats runs (and 50 ms) from
-dispatch to result, as the driver sees a step; the whole grid is measured --rounds times,
-spread in time, and each point keeps its median over the rounds (on this shared 2-core machine
-a single pass can be 2x off). Fits are in `pdjax.sim.calibrated`; the JSON keeps the merged
-points and each fit's mean relative error. On a GPU or TPU the same command profiles that
-hardware.
+and one decode instance; plus a colocated one when its TP differs), warms every program, then
+times, per TP degree, a grid of prefill steps (each token bucket half and fully used, as one
+sequence, as several, and after a cached prefix), decode steps (each batch bucket half and
+full, at short, middle and full contexts) and KV transfers (every transfer bucket), and how
+instances that share the host slow each other (`measure_sharing`); prefill steps also in a
+chunked run's ragged program (a row per decode: more rows, slower small steps) when it
+differs. A point is the median of at least --repeats runs (and 50 ms) from dispatch to result,
+as the driver sees a step; the whole grid is measured --rounds times, spread in time, and each
+point keeps its median over the rounds (on this shared 2-core machine a single pass can be 2x
+off). Then it serves a small
+workload on the instances for the driver's per-step host time that those step times miss
+(`measure_host`). Fits are in `pdjax.sim.calibrated`; the JSON keeps the merged points and each
+fit's mean relative error. On a GPU or TPU the same command profiles that hardware.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pdjax.cli import (describe_config_flag_error, fail, first_and_last_line, pa
                        use_cpu_devices)
 
 MIN_POINT_S = 0.05
+HOST_REQUESTS = 48   # requests served to measure the driver's host time per step
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
                                "default.py")   # shipped with the package
 try:
@@ -108,12 +112,14 @@ def _with_pages(inst, lengths: list[int], fn):
       inst.tables.free(i)
 
 
-def measure_points(inst, opts, repeats: int, vocab: int) -> dict:
-  """One pass over the step grid: {"prefill": [points], "decode": [points]}."""
+def measure_points(inst, opts, repeats: int, vocab: int,
+                   kinds: tuple[str, ...] = ("prefill", "decode")) -> dict:
+  """One pass over the step grid: {"prefill": [points], "decode": [points]} (the kinds
+  asked)."""
   from pdjax.sim.calibrated import attention_pairs
   from pdjax.engine.batch import pick_bucket
-  points = {"prefill": [], "decode": []}
-  for chunks in prefill_grid(opts):
+  points = {k: [] for k in kinds}
+  for chunks in prefill_grid(opts) if "prefill" in kinds else ():
     def step(tables, chunks=chunks):
       seqs = [([3 + (7 * j) % (vocab - 3) for j in range(q)], c, t, 0.0, 0)
               for (q, c), t in zip(chunks, tables)]
@@ -122,7 +128,7 @@ def measure_points(inst, opts, repeats: int, vocab: int) -> dict:
     padded = pick_bucket(opts.prefill_buckets, sum(q for q, _ in chunks))
     points["prefill"].append({"chunks": chunks, "x": [padded, attention_pairs(chunks)],
                               "seconds": seconds})
-  for contexts in decode_grid(opts):
+  for contexts in decode_grid(opts) if "decode" in kinds else ():
     def step(tables, contexts=contexts):
       seqs = [(5, ctx - 1, t, 0.0, 0) for ctx, t in zip(contexts, tables)]
       return _median_s(lambda: inst.decode(seqs).result(), repeats)
@@ -229,12 +235,35 @@ def measure_transfer(src, dst, opts, repeats: int) -> list:
   return points
 
 
+def measure_host(cfg, mcfg, instances, opts) -> dict:
+  """The driver's host time per step that isolated step times miss (`calibrated.host_samples`):
+  serves the config's workload (seed + 1, at most HOST_REQUESTS requests, EOS ignored; the
+  validation workloads are others) disaggregated on the prefill and decode instances, overlap
+  as the config resolves it, and fits it per step kind against the step's rows
+  (`calibrated.fit_host_kinds`). Returns
+  (host time fits, the same fits of the whole host wait: for reference, not charged)."""
+  from pdjax import serving
+  from pdjax.sim.calibrated import fit_host_kinds, host_samples
+  from pdjax.workload.loader import load_workload
+  w = cfg.workload.copy_and_resolve_references()
+  with w.unlocked():
+    w.num_requests, w.ignore_eos = min(w.num_requests, HOST_REQUESTS), True
+  requests, _ = load_workload(w, seed=cfg.seed + 1, vocab_size=mcfg.vocab_size,
+                              eos_ids=mcfg.eos_token_ids, max_model_len=opts.max_model_len)
+  overlap = cfg.scheduler.get("overlap", "auto")
+  result = serving.serve("disaggregated", [i for i in instances if i.role != "colocated"],
+                         requests, overlap=overlap.lower() if isinstance(overlap, str) else overlap)
+  return fit_host_kinds(host_samples(result.steps))
+
+
 def calibrate(cfg, mcfg, repeats: int, rounds: int = 1) -> dict:
   import jax
   from pdjax.engine.cluster import build_instances, host_params
   from pdjax.sim import calibrated
   from pdjax.engine.options import engine_options
-  opts = engine_options(cfg, chunked=True)   # ragged programs wide enough for mixed steps
+  opts = engine_options(cfg)   # the programs colocated and disaggregated runs use
+  ragged = engine_options(cfg, chunked=True)   # a chunked run's: its prefill program packs
+                                               # every decode row, so it has more rows
   c = cfg.cluster
   tiers = [("prefill", c.prefill.instances, c.prefill.tp),
            ("decode", c.decode.instances, c.decode.tp)]
@@ -251,6 +280,11 @@ def calibrate(cfg, mcfg, repeats: int, rounds: int = 1) -> dict:
   src = next(i for i in instances if i.role == "prefill")
   dst = next(i for i in instances if i.role == "decode")
   same_tp = [i for i in instances if i.tp == instances[0].tp]
+  ragged_tp = {}   # on the devices of the instance it shadows (a second program, same chips)
+  if ragged.max_prefill_seqs != opts.max_prefill_seqs:
+    ragged_tp = {tp: build_instances([(inst.role, 1, tp)], mcfg, params, ragged,
+                                     devices=list(inst.mesh.devices.flat))[0]
+                 for tp, inst in per_tp.items()}
   passes = []
   for r in range(rounds):   # each round measures everything once: drift hits all points alike
     print(f"round {r + 1}/{rounds}: steps at tp={sorted(per_tp)}, kv transfer "
@@ -258,9 +292,15 @@ def calibrate(cfg, mcfg, repeats: int, rounds: int = 1) -> dict:
           file=sys.stderr)
     passes.append({"steps": {tp: measure_points(inst, opts, repeats, mcfg.vocab_size)
                              for tp, inst in per_tp.items()},
+                   "ragged": {tp: measure_points(inst, ragged, repeats, mcfg.vocab_size,
+                                                 kinds=("prefill",))
+                              for tp, inst in ragged_tp.items()},
                    "transfer": measure_transfer(src, dst, opts, repeats),
                    "sharing": measure_sharing(same_tp, opts, repeats)})
   merged = _median_rounds(passes)
+  print(f"host time: serving {min(cfg.workload.num_requests, HOST_REQUESTS)} requests "
+        "disaggregated", file=sys.stderr)
+  host, host_wait = measure_host(cfg, mcfg, instances, opts)
   transfer, err = fit_step([(*p["x"], p["seconds"]) for p in merged["transfer"]])
   sharing = {k: [[round(v, 4) for v in row] for row in table]
              for k, table in merged["sharing"].items()}
@@ -270,6 +310,12 @@ def calibrate(cfg, mcfg, repeats: int, rounds: int = 1) -> dict:
     fits["transfer"] = transfer.to_json()
     fits["mean_rel_error"]["transfer"] = round(err, 4)
     fits["points"]["transfer"] = merged["transfer"]
+    if tp in merged["ragged"]:   # chunked runs' prefill and mixed steps
+      points = merged["ragged"][tp]["prefill"]
+      fit, err = fit_step([(*p["x"], p["seconds"]) for p in points])
+      fits["prefill_ragged"] = fit.to_json()
+      fits["mean_rel_error"]["prefill_ragged"] = round(err, 4)
+      fits["points"]["prefill_ragged"] = points
   device = jax.devices()[0]
   profile = {
       "format": calibrated.FORMAT,
@@ -283,6 +329,7 @@ def calibrate(cfg, mcfg, repeats: int, rounds: int = 1) -> dict:
       "jax_version": jax.__version__, "created": time.strftime("%Y-%m-%d"),
       "engine": {"page_size": opts.page_size, "num_pages": opts.num_pages,
                  "max_model_len": opts.max_model_len, "max_prefill_seqs": opts.max_prefill_seqs,
+                 "ragged_prefill_seqs": ragged.max_prefill_seqs,
                  "prefill_buckets": list(opts.prefill_buckets),
                  "decode_buckets": list(opts.decode_buckets),
                  "transfer_buckets": list(opts.transfer_buckets)},
@@ -290,6 +337,8 @@ def calibrate(cfg, mcfg, repeats: int, rounds: int = 1) -> dict:
       "repeats": repeats, "rounds": rounds,
       "instances": {str(tp): fits for tp, fits in sorted(by_tp.items())},
       "host_sharing": sharing,
+      "host_s": host,            # charged per step (pdjax.sim.calibrated.HostFit)
+      "host_wait_s": host_wait,  # not charged: the whole wait, dispatch and readback included
   }
   return profile
 
@@ -327,8 +376,14 @@ def main(argv) -> None:
   os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
   save_profile(out, profile)
   print(f"host sharing (slowdown by [other prefills][other decodes]): {profile['host_sharing']}")
+  print("host time per step: " + ", ".join(
+      f"{k} {1e3 * h['base_s']:.3f} ms + {1e3 * h['per_seq_s']:.3f} ms/row "
+      f"(x{h['waited_share']:.2f} waited; {h['steps']} steps)"
+      for k, h in profile["host_s"].items()))
   for tp, fits in profile["instances"].items():
-    print(f"tp={tp}: prefill {fits['prefill']}, decode {fits['decode']}, "
+    ragged = (f"prefill (ragged program) {fits['prefill_ragged']}, "
+              if "prefill_ragged" in fits else "")
+    print(f"tp={tp}: prefill {fits['prefill']}, {ragged}decode {fits['decode']}, "
           f"transfer {fits['transfer']}; mean relative error {fits['mean_rel_error']}")
   print(f"profile: {out}")
 

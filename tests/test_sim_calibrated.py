@@ -41,14 +41,16 @@ def test_step_fit_interpolates_and_extrapolates_between_buckets():
   assert fit(64, 1000) == pytest.approx(0.011)
 
 
-def _profile(tp=2):
+def _profile(tp=2, host=None):
   mcfg = PRESETS["tiny"]
+  zero = {"base_s": 0.0, "per_seq_s": 0.0, "waited_share": 1.0}
   fits = {"prefill": StepFit((64.0, 512.0), (0.01, 0.08), 0.0).to_json(),
           "decode": StepFit((4.0, 16.0), (0.004, 0.006), 0.0).to_json(),
           "transfer": StepFit((16384.0, 32768.0), (0.001, 0.002), 0.0).to_json()}
   return {"format": calibrated.FORMAT, "model": json.loads(json.dumps(dataclasses.asdict(mcfg))),
           "model_name": "tiny", "dtype": "float32", "kv_bytes_per_token": 1024.0,
-          "instances": {str(tp): fits}}
+          "instances": {str(tp): fits},
+          "host_s": host or {"prefill": zero, "decode": zero}}
 
 
 def test_calibrated_cost_pads_to_the_run_buckets():
@@ -62,6 +64,105 @@ def test_calibrated_cost_pads_to_the_run_buckets():
   # transfers move exactly their pages (in bucket-sized pieces), like the engine
   assert cost.moved_pages(3) == 3 and cost.kv_bytes_per_token() == 1024.0
   assert cost.transfer_s(32768) == pytest.approx(0.002)
+
+
+def test_calibrated_cost_charges_the_profiles_host_time_per_step():
+  opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(64, 512),
+                       max_prefill_seqs=4, decode_buckets=(4, 16))
+  host = {"prefill": {"base_s": 0.001, "per_seq_s": 0.0002, "waited_share": 1.0},
+          "decode": {"base_s": 0.0005, "per_seq_s": 0.0001, "waited_share": 0.5}}
+  cost = calibrated.cost_from_profile(_profile(host=host), 2, opts)
+  # prefill: 0.01 (64 bucket) + 0.001 + 0.0002 * 1 row; 2 rows: 0.08 + 0.001 + 0.0004
+  assert cost.prefill_s([(33, 0)]) == pytest.approx(0.0112, abs=1e-15)
+  assert cost.prefill_s([(30, 0), (35, 0)]) == pytest.approx(0.0814, abs=1e-15)
+  # decode: 0.004 + (0.0005 + 0.0001 * 3) * 0.5 waited; 5 rows: 0.006 + 0.0005 * 2 ... * 0.5
+  assert cost.decode_s([100, 200, 300]) == pytest.approx(0.0044, abs=1e-15)
+  assert cost.decode_s([100] * 5) == pytest.approx(0.0065, abs=1e-15)
+  assert cost.transfer_s(32768) == pytest.approx(0.002)      # transfers carry no host term
+
+
+def test_a_run_with_more_prefill_rows_takes_the_ragged_programs_fit():
+  """A chunked run's prefill program has a row per decode (17 here, 4 in the plain one): its
+  prefill and mixed steps cost what the ragged program was measured at."""
+  profile = _profile()
+  profile["engine"] = {"max_prefill_seqs": 4, "ragged_prefill_seqs": 17}
+  profile["instances"]["2"]["prefill_ragged"] = StepFit((64.0, 512.0), (0.02, 0.09)).to_json()
+  plain = EngineOptions(page_size=16, num_pages=64, max_model_len=512,
+                        prefill_buckets=(64, 512), max_prefill_seqs=4, decode_buckets=(4, 16))
+  ragged = dataclasses.replace(plain, max_prefill_seqs=17)
+  assert calibrated.cost_from_profile(profile, 2, plain).prefill_s([(33, 0)]) == 0.01
+  assert calibrated.cost_from_profile(profile, 2, ragged).prefill_s([(33, 0)]) == 0.02
+  assert calibrated.cost_from_profile(profile, 2, ragged).decode_s([5]) == 0.004
+  del profile["instances"]["2"]["prefill_ragged"]     # none measured: the plain fit
+  assert calibrated.cost_from_profile(profile, 2, ragged).prefill_s([(33, 0)]) == 0.01
+
+
+def test_a_profile_without_host_time_is_refused(tmp_path):
+  old = _profile()
+  old["format"] = "pdjax.sim.profile/2"
+  del old["host_s"]
+  path = str(tmp_path / "old.json")
+  calibrated.save_profile(path, old)
+  with pytest.raises(calibrated.ProfileError) as e:
+    calibrated.load_profile(path)
+  assert str(e.value) == (f"sim.profile={path!r} has no host time (pdjax.sim.profile/2, made "
+                          "before pdjax measured it); re-run python -m pdjax.calibrate")
+
+
+def _record(inst, kind, rows, wait, dispatch, readback, ahead=False):
+  return {"instance": inst, "kind": kind, "num_seqs": rows, "host_wait_s": wait,
+          "dispatch_s": dispatch, "readback_s": readback, "ahead": ahead}
+
+
+def test_host_time_fit_recovers_a_known_value_from_step_records():
+  """Host time 0.3 ms + 0.05 ms per row on decode steps, 1 ms + 0.1 ms per row on prefill
+  and mixed steps; each step's wait also holds the previous step's readback and its own
+  dispatch, which the fit must take out. The first step of an instance (no previous
+  readback), a step after an idle spell (wait 0) and one dispatched ahead are not samples."""
+  steps, truth = [], {"decode": (0.0003, 0.00005), "prefill": (0.001, 0.0001)}
+  for i in range(40):
+    for inst in ("d-0", "d-1"):
+      kind = ("decode", "prefill", "mixed")[i % 3] if inst == "d-0" else "decode"
+      rows = 1 + i % 7
+      base, per = truth["decode" if kind == "decode" else "prefill"]
+      readback_before = 0.0001 * (1 + i % 2) if i else 0.0
+      dispatch = 0.0007 + 0.00002 * rows
+      wait = 0.0 if i == 0 else readback_before + dispatch + base + per * rows
+      if i == 20:
+        wait = 0.0                                   # after an idle spell: no sample
+      steps.append(_record(inst, kind, rows, wait, dispatch, 0.0001 * (1 + (i + 1) % 2)))
+  steps.append(_record("d-1", "decode", 4, 0.0, 0.001, 0.0001, ahead=True))
+  samples = calibrated.host_samples(steps)
+  assert (len(samples["decode"]), len(samples["prefill"])) == (38 + 13, 25)
+  assert (samples["decode_ahead"], samples["prefill_ahead"]) == (1, 0)
+  decode = calibrated.fit_host(samples["decode"], samples["decode_ahead"])
+  assert decode["base_s"] == pytest.approx(0.0003, abs=1e-12)
+  assert decode["per_seq_s"] == pytest.approx(0.00005, abs=1e-12)
+  assert (decode["steps"], decode["ahead"]) == (51, 1)
+  assert decode["waited_share"] == pytest.approx(51 / 52)
+  prefill = calibrated.fit_host(samples["prefill"])
+  assert prefill["base_s"] == pytest.approx(0.001, abs=1e-12)
+  assert prefill["per_seq_s"] == pytest.approx(0.0001, abs=1e-12)
+  assert prefill["waited_share"] == 1.0
+  # The whole waits are kept too (dispatch and readback included), for reference.
+  assert max(s for _, s in samples["decode_wait"]) > 0.0003 + 0.00005 * 7 + 0.0007
+  # The mean, not the median: a slow step (a GC pause) counts. Means 0.002 s at 2 rows (one
+  # step of 0.004 among three) and 0.003 s at 4 rows: 0.001 + 0.0005 per row.
+  assert calibrated.fit_host([(2, 0.001), (2, 0.001), (2, 0.004), (4, 0.003)]) == pytest.approx(
+      {"base_s": 0.001, "per_seq_s": 0.0005, "waited_share": 1.0, "steps": 4, "ahead": 0},
+      abs=1e-15)
+  assert calibrated.fit_host([]) == {"base_s": 0.0, "per_seq_s": 0.0, "waited_share": 1.0,
+                                     "steps": 0, "ahead": 0}
+  # Fewer than MIN_HOST_STEPS (10) waited steps of a kind: both kinds' steps make its fit.
+  few = {"prefill": [(1, 0.004)] * 9, "decode": [(1, 0.001)] * 12, "prefill_ahead": 0,
+         "decode_ahead": 3, "prefill_wait": [(1, 0.005)] * 9, "decode_wait": [(1, 0.002)] * 12}
+  host, wait = calibrated.fit_host_kinds(few)
+  assert host["prefill"]["steps"] == 21     # (9 * 0.004 + 12 * 0.001) / 21
+  assert host["prefill"]["base_s"] == pytest.approx(0.048 / 21, abs=1e-15)
+  assert (host["decode"]["steps"], host["decode"]["base_s"]) == (12, pytest.approx(0.001))
+  assert host["decode"]["waited_share"] == 12 / 15
+  assert wait["prefill"]["steps"] == 21      # (9 * 0.005 + 12 * 0.002) / 21
+  assert wait["prefill"]["base_s"] == pytest.approx(0.069 / 21, abs=1e-15)
 
 
 def test_profile_checks_are_one_line_errors(tmp_path):
@@ -110,6 +211,7 @@ def test_shipped_profile_serves_the_default_config():
   profile = config_lib.sim_profile(cfg, config_lib.validate(cfg))
   assert profile["dtype"] == "float32" and set(profile["instances"]) == {"2"}
   assert set(profile["host_sharing"]) == {"prefill", "decode"}
+  assert set(profile["host_s"]) == {"prefill", "decode"} and profile["format"] == calibrated.FORMAT
   cfg.cluster.decode.tp = 4
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(cfg)
@@ -137,6 +239,7 @@ def test_calibrate_cli_then_sim_matches_jax_request_for_request(tmp_path):
   assert data["engine"]["prefill_buckets"] == [64, 512]
   assert data["instances"]["2"]["prefill"]["sizes"] == [64.0, 512.0]
   assert len(data["host_sharing"]["decode"]) == 4           # 4 instances: 0-3 others
+  assert data["host_s"]["decode"]["steps"] > 0 and data["host_s"]["decode"]["waited_share"] == 1.0
   _run(["pdjax.run", *smoke, f"--workdir={tmp_path / 'jax'}"])
   _run(["pdjax.run", *smoke, "--config.backend=sim", "--config.sim.cost_model=calibrated",
         f"--config.sim.profile={profile}", f"--workdir={tmp_path / 'sim'}"])
