@@ -143,6 +143,11 @@ def _check_host_tier(cfg) -> None:
            "must be an integer >= 0 (0: no host tier)")
   _require(kv.get("host_tier_policy", "lru") in HOST_TIER_POLICIES, "kv.host_tier_policy",
            kv.get("host_tier_policy"), f"is not one of {', '.join(HOST_TIER_POLICIES)}")
+  _require(kv.get("host_tier_handoff", "transfer") in ("transfer", "host"),
+           "kv.host_tier_handoff", kv.get("host_tier_handoff"), "is not one of transfer, host")
+  _require(kv.get("host_tier_handoff", "transfer") == "transfer" or pages,
+           "kv.host_tier_handoff", kv.get("host_tier_handoff"),
+           "needs a host tier (kv.host_tier_pages > 0)")
   if pages:
     _require(kv.prefix_cache, "kv.host_tier_pages", pages,
              "needs kv.prefix_cache=True (host pages are found by their prefix names)")

@@ -106,7 +106,7 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None):
     gbps = cfg.sim.get("host_link_gbps", 0.0)
     link = gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s
     for inst in instances:
-      inst.attach_host_tier(tier, link)
+      inst.attach_host_tier(tier, link, cfg.kv.get("host_tier_handoff", "transfer"))
   kv = cfg.kv
   serve_kwargs.update(policies=policies_for(cfg, run, opts),
                       injector=FaultInjector(config_lib.fault_spec(cfg)),

@@ -148,3 +148,15 @@ def test_host_tier_keys(updates, message):
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(cfg)
   assert str(e.value) == message
+
+
+@pytest.mark.parametrize("handoff, pages, message", [
+    ("nvme", 0, "kv.host_tier_handoff='nvme' is not one of transfer, host"),
+    ("host", 0, "kv.host_tier_handoff='host' needs a host tier (kv.host_tier_pages > 0)"),
+])
+def test_host_tier_handoff_key(handoff, pages, message):
+  cfg = config_lib.load_config_module("configs/default.py").get_config()
+  cfg.kv.host_tier_handoff, cfg.kv.host_tier_pages = handoff, pages
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  assert str(e.value) == message

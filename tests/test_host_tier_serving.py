@@ -148,3 +148,22 @@ def test_trace_has_a_host_tier_track(tmp_path):
             if e.get("name") == "host tier pages"]
   assert 1 <= len(binned) <= 2 and max(e["args"]["pages"] for e in binned) == max(
       s["host_tier_pages"] for s in result.samples)
+
+
+def test_handoff_through_the_host_tier(tmp_path):
+  """kv.host_tier_handoff=host, disaggregated: the prompt's full pages go through the host tier
+  (and stay there), the partial last page over the link; same tokens as the direct transfer."""
+  cfg_of = lambda handoff: sim_snapshots._config({
+      "mode": "disaggregated", "workload.num_requests": 12, "workload.rate": 20.0,
+      "kv.prefix_cache": True, "kv.host_tier_pages": 4096, "kv.host_tier_handoff": handoff})
+  runs = {}
+  for handoff in ("transfer", "host"):
+    cfg = cfg_of(handoff)
+    runs[handoff] = execute(cfg, config_lib.validate(cfg), "disaggregated", None, quiet=True)
+  (direct, r_direct, _), (host, r_host, insts) = runs["transfer"], runs["host"]
+  assert [r.output_ids for r in r_host.requests] == [r.output_ids for r in r_direct.requests]
+  full_pages = sum((r.prompt_len - 1) // 16 for r in r_host.requests)
+  assert host["kv_cache"]["host_tier"]["offloaded_pages"] == full_pages
+  assert host["kv_cache"]["host_tier"]["loaded_bytes"] == full_pages * insts[0].kv_bytes(1)
+  assert direct["kv_cache"]["host_tier"]["loaded_bytes"] == 0
+  assert [t["bytes"] for t in r_host.transfers] == [t["bytes"] for t in r_direct.transfers]

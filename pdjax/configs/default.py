@@ -59,6 +59,8 @@ def get_config(arg=None):
   c.kv.host_tier_pages = 0                 # host-memory tier of evicted prefix pages, shared by
                                            #   the node's instances (0: off; needs prefix_cache)
   c.kv.host_tier_policy = "lru"            # host tier eviction: lru | lfu
+  c.kv.host_tier_handoff = "transfer"      # P -> D: transfer (device to device) | host (write
+                                           #   the prompt's pages through the host tier)
   c.kv.transfer_failure_policy = "retry_then_recompute"   # or "fail"
   c.kv.transfer_retries = 3                # retries of a failed KV transfer before the policy
   c.kv.transfer_backoff_s = 0.005          # first retry's delay (doubles per retry)

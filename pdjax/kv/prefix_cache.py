@@ -99,6 +99,10 @@ class PrefixCache:
       n += 1
     return n
 
+  def name_of(self, page: int) -> tuple[bytes, str] | None:
+    """(name, salt) of a cached page; None when the page is not named."""
+    return self._entry.get(page)
+
   def num_idle(self, pages: list[int]) -> int:
     """How many of these pages are evictable right now."""
     return sum(1 for p in pages if p in self._idle)

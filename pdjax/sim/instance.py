@@ -54,13 +54,15 @@ class SimInstance:
     self.digests: dict[int, int] = {}   # page -> digest of its sequence through its last slot
     self.host_bytes_per_s = 0.0          # the host link, once a host tier is attached
     self.host_page_weight = 0.0          # what reloading a page saves against recomputing it
+    self.handoff = "transfer"            # or "host": P -> D through the host tier
     self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
 
-  def attach_host_tier(self, tier, host_bytes_per_s: float) -> None:
+  def attach_host_tier(self, tier, host_bytes_per_s: float, handoff: str = "transfer") -> None:
     """Shares a node's host KV tier over a host link of this bandwidth (pdjax/kv/host_tier.py):
     an evicted prefix page is copied out (landing after its copy time; the step loop does not
-    wait), a reloaded one is copied in before the step that needs it (the step waits)."""
-    self.host_bytes_per_s = host_bytes_per_s
+    wait), a reloaded one is copied in before the step that needs it (the step waits).
+    handoff="host": this instance's KV transfers go through the tier (sim/host_handoff.py)."""
+    self.host_bytes_per_s, self.handoff = host_bytes_per_s, handoff
     self.tables.attach_host(tier, self._offload)
     recompute_s = self.cost.prefill_s([(self.tables.page_size, 0)])
     self.host_page_weight = max(0.0, 1.0 - self._host_copy_s(1) / recompute_s)
@@ -184,6 +186,9 @@ def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
   the copy queued behind the destination's step in flight (same device stream)."""
   if len(src_pages) != len(dst_pages):
     raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
+  if src.handoff == "host":
+    from pdjax.sim.host_handoff import via_host_tier
+    return via_host_tier(src, src_pages, dst, dst_pages)
   num_bytes = src.kv_bytes(src.cost.moved_pages(len(src_pages)))
   seconds = src.cost.transfer_s(num_bytes)
   if src.cost.transfer_waits_for_destination and dst.last_step is not None:
