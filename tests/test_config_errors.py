@@ -131,9 +131,11 @@ def test_fault_flag_from_the_command_line_is_one_line():
     ({"kv.host_tier_pages": 64, "backend": "sim"},
      "kv.host_tier_pages=64 needs kv.prefix_cache=True (host pages are found by their prefix "
      "names)"),
-    ({"kv.host_tier_pages": 64, "kv.prefix_cache": True},
-     "kv.host_tier_pages=64 runs on backend=sim so far (the real engine's host copies are not "
-     "built yet)"),
+    ({"kv.host_tier_pages": 64, "kv.prefix_cache": True, "cluster.launcher": "ray"},
+     "kv.host_tier_pages=64 needs cluster.launcher=local (one process: one node's tier)"),
+    ({"kv.host_tier_pages": 64, "kv.prefix_cache": True, "kv.host_tier_handoff": "host"},
+     "kv.host_tier_handoff='host' runs on backend=sim only (the engine hands off by device "
+     "transfer)"),
     ({"sim.host_link_gbps": -1.0}, "sim.host_link_gbps=-1.0 must be a finite number >= 0 (0: "
      "the hardware preset's)"),
 ])

@@ -12,6 +12,8 @@ recomputed."""
 import json
 import random
 
+import pytest
+
 import sim_snapshots
 from pdjax import config as config_lib
 from pdjax.run import execute
@@ -30,15 +32,20 @@ def _trace(path, last_tenant="a"):
     f.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _run(tmp_path, host_pages, last_tenant="a", **more):
+def _run(tmp_path, host_pages, last_tenant="a", backend="sim", **more):
   path = tmp_path / f"trace_{last_tenant}.jsonl"
   _trace(path, last_tenant)
-  cfg = sim_snapshots._config({
+  cfg = sim_snapshots._config({"backend": backend,
       "mode": "colocated", "workload.kind": "jsonl", "workload.path": str(path),
       "workload.num_requests": 5, "cluster.colocated.instances": 1, "kv.page_size": 16,
       "kv.max_model_len": 128, "kv.pages_per_instance": 16, "kv.prefix_cache": True,
       "kv.host_tier_pages": host_pages, **more})
-  summary, result, instances = execute(cfg, config_lib.validate(cfg), "colocated", None,
+  params = None
+  if backend == "jax":
+    from pdjax.engine.cluster import host_params
+    params = host_params(config_lib.validate(cfg), checkpoint="", seed=cfg.seed,
+                         dtype=cfg.model.dtype)
+  summary, result, instances = execute(cfg, config_lib.validate(cfg), "colocated", params,
                                        quiet=True)
   assert summary["kv_pages_leaked"] == 0
   assert [r.status.value for r in result.requests] == ["finished"] * 5
@@ -167,3 +174,18 @@ def test_handoff_through_the_host_tier(tmp_path):
   assert host["kv_cache"]["host_tier"]["loaded_bytes"] == full_pages * insts[0].kv_bytes(1)
   assert direct["kv_cache"]["host_tier"]["loaded_bytes"] == 0
   assert [t["bytes"] for t in r_host.transfers] == [t["bytes"] for t in r_direct.transfers]
+
+
+@pytest.mark.slow
+def test_the_engine_reloads_the_same_kv_it_evicted(tmp_path):
+  """The real engine (tiny model, float32, greedy): X's 4 pages are gathered to host memory
+  when evicted and scattered back for r4; tokens equal the run without the tier (which
+  recomputes X) and the colocated no-cache reference."""
+  off, r_off, _ = _run(tmp_path, 0, backend="jax")
+  on, r_on, insts = _run(tmp_path, 64, backend="jax")
+  assert [r.output_ids for r in r_on.requests] == [r.output_ids for r in r_off.requests]
+  assert [r.cached_tokens for r in r_on.requests] == [0, 0, 0, 0, 64]
+  host = on["kv_cache"]["host_tier"]
+  assert (host["hit_pages"], host["hit_lookups"]) == (4, 1)
+  assert host["loaded_bytes"] == 4 * insts[0].kv_bytes(1)
+  assert insts[0].host_copies.stats["load_pages"] == 4

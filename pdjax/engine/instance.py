@@ -166,6 +166,31 @@ class Instance:
                                self._no_prev)
     tokens.block_until_ready()
 
+  # ---- the host KV tier --------------------------------------------------------------------
+
+  host_copies = None
+  host_page_weight = 0.5   # what a reloaded page saves against a recompute (routers' view;
+                           # not measured on the engine yet)
+  handoff = "transfer"
+
+  def attach_host_tier(self, tier, host_bytes_per_s: float = 0.0,
+                       handoff: str = "transfer") -> None:
+    """Shares a node's host KV tier (pdjax/kv/host_tier.py, engine/host_copies.py); compiles
+    its page gather and scatters. host_bytes_per_s: unused (the simulator's cost)."""
+    if handoff != "transfer":
+      raise ValueError(f"the engine hands KV off by device transfer only, not {handoff!r}")
+    from pdjax.engine.host_copies import HostCopies
+    self.host_copies = HostCopies(self)
+    self.tables.attach_host(tier, self.host_copies.offload)
+
+  @property
+  def host_stats(self) -> dict:
+    return self.host_copies.stats if self.host_copies is not None else {}
+
+  def kv_bytes(self, num_pages: int) -> int:
+    from pdjax.engine.transfer import page_bytes
+    return num_pages * page_bytes(self)
+
   # ---- steps -------------------------------------------------------------------------------
 
   def prefill(self, seqs, prev: PendingTokens | None = None) -> PendingTokens:
@@ -174,6 +199,8 @@ class Instance:
     token may be a PendingToken of `prev`). Dispatches without waiting; the result holds each
     sequence's next token."""
     t0 = time.perf_counter()
+    if self.host_copies is not None:
+      self.host_copies.land()
     n = batch_lib.pick_bucket(self.opts.prefill_buckets, sum(len(s[0]) for s in seqs))
     flat = batch_lib.pack(batch_lib.prefill_batch(self.geom, seqs, num_tokens=n,
                                                   max_seqs=self.opts.max_prefill_seqs))
@@ -183,6 +210,8 @@ class Instance:
     """seqs: list of (last_token, position, pages, temperature, seed); last_token may be a
     PendingToken of `prev`. Dispatches without waiting."""
     t0 = time.perf_counter()
+    if self.host_copies is not None:
+      self.host_copies.land()
     n = batch_lib.pick_bucket(self.opts.decode_buckets, len(seqs))
     flat = batch_lib.pack(batch_lib.decode_batch(self.geom, seqs, batch_size=n))
     return self._launch(self._lazy("decode", n), flat, prev, len(seqs), t0)

@@ -1,0 +1,85 @@
+"""The real engine's side of the host KV tier (pdjax/kv/host_tier.py): a prefix page evicted
+from an instance's pool is gathered on its devices and copied to host memory asynchronously
+(`copy_to_host_async`: the step loop never waits); pages a request reloads are written back
+into the pool by one scatter per transfer bucket, dispatched before the step that reads them
+(JAX runs a device's programs in dispatch order, so the step sees them).
+
+A page's host copy is readable as soon as it is offered: a reload before the copy reached the
+host reads the same bytes, by data dependency, so the tier's `ready_s` is the offer time. The
+device buffer of a copy is let go once its host copy is materialized (at the next offload or at
+its reload), so the tier holds host memory, not HBM.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from pdjax.engine import programs
+from pdjax.engine.runtime import device_errors
+from pdjax.engine.transfer import PAGES_SPEC, compile_scatter, transfer_pieces
+
+
+class HostKV:
+  """One page's K/V, [2, layers, kv_heads, page_size, head_dim]: on its way to host memory,
+  then there."""
+
+  def __init__(self, on_device):
+    self._device, self._host = on_device, None
+    on_device.copy_to_host_async()
+
+  def landed(self) -> bool:
+    return self._host is not None or self._device.is_ready()
+
+  def host(self) -> np.ndarray:
+    if self._host is None:
+      with device_errors():
+        self._host = np.asarray(self._device)[:, :, :, 0]
+      self._device = None
+    return self._host
+
+
+class HostCopies:
+  """Offloads and reloads for one engine Instance (attached by Instance.attach_host_tier)."""
+
+  def __init__(self, inst):
+    self.inst = inst
+    self._gather = inst._compile(programs.gather_pages, (inst.kv, np.zeros(1, np.int32)),
+                                 (inst._kv_sh, inst._rep), NamedSharding(inst.mesh, PAGES_SPEC))
+    self._scatter = {n: compile_scatter(inst, n) for n in inst.opts.transfer_buckets}
+    self._in_flight: list[HostKV] = []
+    self.stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
+
+  def offload(self, page: int, name: bytes, salt: str) -> None:
+    """The prefix cache's on_drop: page is about to be reused; its bytes go to the tier."""
+    still = []
+    for c in self._in_flight:     # copies that reached the host let their device buffer go
+      if c.landed():
+        c.host()
+      else:
+        still.append(c)
+    self._in_flight = still
+    with device_errors():
+      copy = HostKV(self._gather(self.inst.kv, np.array([page], np.int32)))
+    self._in_flight.append(copy)
+    if self.inst.tables.host.offer(name, salt, salt, copy, writer=self.inst.name,
+                                   ready_s=0.0, now=0.0):
+      self.stats["offload_pages"] += 1
+
+  def land(self) -> None:
+    """Writes the pages reloaded since the last step into the pool (before that step)."""
+    loads = self.inst.tables.take_loads() if self.inst.tables.pending_loads else ()
+    if not loads:
+      return
+    inst, sharding = self.inst, NamedSharding(self.inst.mesh, PAGES_SPEC)
+    pages = np.array([p for p, _ in loads], np.int32)
+    data = np.stack([kv.host() for _, kv in loads], axis=3)   # [2, L, KVH, n, ps, D]
+    start, largest = 0, inst.opts.transfer_buckets[-1]
+    with device_errors():
+      for chunk in range(0, len(loads), largest):
+        for n in transfer_pieces(inst.opts.transfer_buckets, min(largest, len(loads) - chunk)):
+          piece = jax.device_put(data[:, :, :, start:start + n], sharding)
+          inst.kv = self._scatter[n](inst.kv, piece, pages[start:start + n])
+          start += n
+    self.stats["load_pages"] += len(loads)
