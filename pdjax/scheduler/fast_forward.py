@@ -66,16 +66,18 @@ class FastForward:
         return 0, False
       horizon = min(horizon, end)
     heap = []
-    for i, w in enumerate(self.workers):
-      if w.inflight is None:
+    for i, w in enumerate(self.workers):   # (_chains inlined: this scan runs every turn)
+      step = w.inflight
+      if step is None:
         continue
-      end = getattr(w.inflight.pending, "end_s", None)
+      end = getattr(step.pending, "end_s", None)
       if end is None:
         return 0, False
-      if self._chains(w):
+      if (step.kind == "decode" and w.ahead is None and not w.waiting and not w.reserved
+          and w.draining_to is None):
         heap.append((end, i))
-      else:
-        horizon = min(horizon, end)
+      elif end < horizon:
+        horizon = end
     heapq.heapify(heap)
     collected = 0
     while heap and heap[0][0] < horizon:
