@@ -138,6 +138,13 @@ class Request:
                and self.output_ids[-1] in self.eos_ids)
     return "stop" if stopped else "length"
 
+  def fresh_copy(self) -> "Request":
+    """The request as it arrives (what a workload made), with none of a run's state: another
+    run serves it from scratch. The prompt ids are shared (never modified)."""
+    return Request(id=self.id, arrival_s=self.arrival_s, prompt_ids=self.prompt_ids,
+                   sampling=self.sampling, eos_ids=self.eos_ids, tenant=self.tenant,
+                   session=self.session, priority=self.priority)
+
   def add_token(self, token: int, now_s: float) -> bool:
     """Appends a generated token; returns True when the request is done (EOS or length)."""
     self.output_ids.append(int(token))
