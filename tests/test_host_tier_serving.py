@@ -189,3 +189,4 @@ def test_the_engine_reloads_the_same_kv_it_evicted(tmp_path):
   assert (host["hit_pages"], host["hit_lookups"]) == (4, 1)
   assert host["loaded_bytes"] == 4 * insts[0].kv_bytes(1)
   assert insts[0].host_copies.stats["load_pages"] == 4
+  assert host["load_s_total"] == insts[0].host_copies.stats["load_s"] > 0
