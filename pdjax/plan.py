@@ -14,6 +14,13 @@ the chips' memory left after the weights (plan.mem_util of HBM).
 
 Writes DIR/plan.md and plan.csv (ranked), plots/plan.png, and prints the ranking's top and the
 best colocated, chunked and disaggregated placements side by side.
+
+Map mode (plan.map=True): the same placements over a grid of SLOs (plan.map_ttft_s x
+plan.map_tpot_s), workload mixes (plan.map_mixes), models (plan.map_models) and hardware
+(plan.map_hardware): which kind wins each cell and by how much, as map.csv, map.md and a
+phase diagram per model and hardware (pdjax/planning/map_mode.py; default DIR: map-<name>):
+
+  python -m pdjax.plan --config=configs/where_disagg_wins.py
 """
 
 from __future__ import annotations
@@ -138,11 +145,23 @@ def main(argv) -> None:
       raise config_lib.ConfigError(
           f"plan.chip_budget={p.chip_budget} (>= 2), plan.num_requests={p.num_requests} "
           f"(>= 1), plan.rate_lo={p.rate_lo} < plan.rate_hi={p.rate_hi} (> 0) required")
+    if p.get("map", False):
+      from pdjax.planning import map_mode
+      map_mode.settings(cfg)
   except config_lib.ConfigError as e:
     fail(f"config error: {e}")
   default = run_lib.default_workdir(flags.FLAGS["config"].config_filename)
+  prefix = "map-" if p.get("map", False) else "plan-"
   workdir = run_lib.WORKDIR.value or os.path.join(os.path.dirname(default),
-                                                  "plan-" + os.path.basename(default))
+                                                  prefix + os.path.basename(default))
+  if p.get("map", False):
+    try:
+      command = " ".join(["python -m pdjax.plan", *sys.argv[1:]])
+      print(map_mode.run_map(cfg, workdir, command=command))
+    except config_lib.ConfigError as e:
+      fail(f"config error: {e}")
+    print(f"results: {workdir}")
+    return
   candidates = [c for c in placements(p.chip_budget, p.tp_choices, lambda t: tp_ok(mcfg, t))
                 if fits(sim_cfg, mcfg, c)]
   if not candidates:

@@ -1,0 +1,226 @@
+"""The planner's map mode: who wins where, over a grid of SLOs and workload mixes.
+
+  python -m pdjax.plan --config=configs/where_disagg_wins.py       # plan.map=True there
+  python -m pdjax.plan --config.plan.map=True --config.plan.map_mixes=sharegpt,azure_code ...
+
+For every model (plan.map_models), hardware (plan.map_hardware) and mix (plan.map_mixes, see
+pdjax.planning.mixes), the placements of map_search.map_placements on plan.chip_budget chips
+are simulated at the rates map_search.walk picks, each run once, its per-request TTFT and TPOT
+kept (slo_grid.RunRecord). Every (TTFT, TPOT) cell of plan.map_ttft_s x plan.map_tpot_s is then
+evaluated from those arrays: per placement the highest rate meeting slo.attainment, per chip;
+the best of each kind, the winner and disaggregated / best aggregated.
+
+Writes DIR/map.csv, map.md, runs.csv, runs.npz (the per-request arrays) and
+plots/map_<model>_<hardware>.png. plan.map_runs=DIR re-evaluates a previous map's runs on the
+config's SLO grid and writes the same files, without simulating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+import numpy as np
+
+from pdjax.config import ConfigError
+from pdjax.planning import capacity, map_output, mixes
+from pdjax.planning.map_search import Lattice, loosest_answer, map_placements, walk
+from pdjax.planning.slo_grid import RunRecord, cells
+
+
+@dataclasses.dataclass
+class MapSettings:
+  models: list
+  hardware: list
+  mixes: list
+  ttft_grid: list
+  tpot_grid: list
+  lattice: Lattice
+  rate_start: float
+
+
+def _names(value: str, default: str) -> list[str]:
+  names = [v.strip() for v in str(value).split(",") if v.strip()]
+  return names or [default]
+
+
+def settings(cfg) -> MapSettings:
+  """The map's settings from cfg.plan; ConfigError (one line) on the first bad key."""
+  from pdjax.models.llama_config import PRESETS
+  from pdjax.sim.hardware import HARDWARE
+  p = cfg.plan
+  models = _names(p.map_models, cfg.model.preset)
+  hardware = _names(p.map_hardware, cfg.sim.hardware)
+  mix_names = _names(p.map_mixes, "config")
+  for key, what, names, known in (("map_models", "model preset", models, PRESETS),
+                                  ("map_hardware", "hardware", hardware, HARDWARE),
+                                  ("map_mixes", "mix", mix_names, mixes.MIXES)):
+    for name in names:
+      if name not in known:
+        raise ConfigError(f"plan.{key}: unknown {what} {name!r} (known: {', '.join(known)})")
+  for name in mix_names:
+    if mixes.longest(name) > cfg.kv.max_model_len:
+      raise ConfigError(f"plan.map_mixes: mix {name!r} draws up to {mixes.longest(name)} tokens "
+                        f"> kv.max_model_len={cfg.kv.max_model_len}")
+  grids = []
+  for key in ("map_ttft_s", "map_tpot_s"):
+    values = p[key]
+    if (not isinstance(values, (tuple, list)) or not values
+        or not all(isinstance(v, (int, float)) and v > 0 for v in values)):
+      raise ConfigError(f"plan.{key}={values!r} must be a non-empty tuple of seconds > 0")
+    grids.append(sorted({float(v) for v in values}))
+  if not (0 < p.map_rate_min <= p.map_rate_max and p.map_rate_factor > 1
+          and p.map_rate_min <= p.map_rate_start <= p.map_rate_max):
+    raise ConfigError(f"plan.map_rate_min={p.map_rate_min} <= plan.map_rate_start="
+                      f"{p.map_rate_start} <= plan.map_rate_max={p.map_rate_max} (> 0) and "
+                      f"plan.map_rate_factor={p.map_rate_factor} > 1 required")
+  if p.map_runs and not all(os.path.isfile(os.path.join(p.map_runs, f))
+                            for f in ("runs.csv", "runs.npz")):
+    raise ConfigError(f"plan.map_runs={p.map_runs!r} holds no runs.csv + runs.npz of a map")
+  if p.map_tp_count < 1 or p.map_max_disagg < 0:
+    raise ConfigError(f"plan.map_tp_count={p.map_tp_count} (>= 1) and plan.map_max_disagg="
+                      f"{p.map_max_disagg} (>= 0) required")
+  return MapSettings(models, hardware, mix_names, grids[0], grids[1],
+                     Lattice(p.map_rate_min, p.map_rate_max, p.map_rate_factor),
+                     float(p.map_rate_start))
+
+
+MIN_POOL_SEQS = 4   # a tier's KV must hold this many max_model_len sequences to be mapped
+
+
+def roomy(c, mcfg, placement) -> bool:
+  """Every tier of the placement keeps KV room for MIN_POOL_SEQS max-length sequences after
+  its weights (plan.fits asks for one; a tier that holds a handful only starves, e.g. 70B at TP2
+  on 80 GB chips)."""
+  from pdjax.sim.hardware import HARDWARE
+  per_seq = -(-c.kv.max_model_len // c.kv.page_size)
+  return all(capacity.kv_pages(mcfg, HARDWARE[c.sim.hardware], tp, page_size=c.kv.page_size,
+                               dtype_bytes=2 if c.model.dtype == "bfloat16" else 4,
+                               mem_util=c.plan.mem_util) >= MIN_POOL_SEQS * per_seq
+             for _, _, tp in placement.tiers)
+
+
+def _log(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
+
+
+def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict) -> dict:
+  """Runs the map's simulations; returns {(model, hardware, mix): [(kind, placement, chips,
+  records)]} and appends runs.csv rows to runs_out and arrays to `arrays`."""
+  from pdjax import config as config_lib
+  from pdjax import plan as plan_lib
+  from pdjax import run as run_lib
+  p = cfg.plan
+  slo_cells = [(t, q) for t in s.ttft_grid for q in s.tpot_grid]
+  out = {}
+  for model in s.models:
+    for hw in s.hardware:
+      for mix in s.mixes:
+        c = cfg.copy_and_resolve_references()
+        c.backend, c.progress = "sim", False
+        c.model.preset, c.sim.hardware = model, hw
+        if p.map_models:
+          c.model.checkpoint = ""
+        mixes.apply_mix(c.workload, mix)
+        mcfg = config_lib.validate(c)
+        t0 = time.time()
+        cands = map_placements(p.chip_budget, p.tp_choices,
+                               lambda t: plan_lib.tp_ok(mcfg, t),
+                               lambda pl: plan_lib.fits(c, mcfg, pl) and roomy(c, mcfg, pl),
+                               tp_count=p.map_tp_count,
+                               full_budget=p.map_full_budget, max_disagg=p.map_max_disagg)
+        _log(f"{model} {hw} {mix}: {len(cands)} placements")
+        entries, start = [], s.lattice.nearest(s.rate_start)   # low: see map_search
+        for pl in cands:
+          def evaluate(per_chip: float, pl=pl) -> RunRecord:
+            rate = per_chip * pl.chips
+            run_cfg = plan_lib.placement_config(c, mcfg, pl, rate)
+            t = time.time()
+            _, result, _ = run_lib.execute(run_cfg, mcfg, pl.run, None, quiet=True)
+            rec = RunRecord.from_requests(rate, result.requests)
+            i = len(runs_out)
+            arrays.update({f"r{i}_ttft": rec.ttft, f"r{i}_tpot": rec.tpot,
+                           f"r{i}_judged": rec.judged})
+            runs_out.append({"model": model, "hardware": hw, "mix": mix, "run": pl.run,
+                             "placement": pl.describe(), "chips": pl.chips,
+                             "rate_rps": round(rate, 6), "rate_per_chip": round(per_chip, 6),
+                             "requests": len(rec.ttft),
+                             "attainment_loosest": round(rec.attainment(*slo_cells[-1]), 4),
+                             "wall_s": round(time.time() - t, 2)})
+            _log(f"    {pl.describe()} at {per_chip:.3g} req/s/chip: {len(rec.ttft)} requests, "
+                 f"loosest-SLO attainment {runs_out[-1]['attainment_loosest']:.3f} "
+                 f"({runs_out[-1]['wall_s']:.1f} s)")
+            return rec
+          records = walk(evaluate, s.lattice, start, slo_cells, cfg.slo.attainment)
+          best = loosest_answer(records, slo_cells, cfg.slo.attainment)
+          entries.append((pl.run, pl.describe(), pl.chips,
+                          [records[k] for k in sorted(records)]))
+          rate = "none" if best is None else f"{s.lattice.rate(best):.3g}"
+          _log(f"  {pl.run} {pl.describe()}: {len(records)} rates, loosest SLO met up to "
+               f"{rate} req/s/chip")
+        _log(f"  {time.time() - t0:.0f} s")
+        out[(model, hw, mix)] = entries
+  return out
+
+
+def load_runs(path: str) -> tuple[dict, list, dict]:
+  """A previous map's runs (DIR/runs.csv + runs.npz) as simulate() returns them."""
+  import csv
+  with open(os.path.join(path, "runs.csv")) as f:
+    rows = list(csv.DictReader(f))
+  data = np.load(os.path.join(path, "runs.npz"))
+  arrays = {k: data[k] for k in data.files}
+  out: dict = {}
+  for i, row in enumerate(rows):
+    rec = RunRecord(float(row["rate_rps"]), arrays[f"r{i}_ttft"], arrays[f"r{i}_tpot"],
+                    arrays[f"r{i}_judged"])
+    entries = out.setdefault((row["model"], row["hardware"], row["mix"]), [])
+    if not entries or entries[-1][:2] != (row["run"], row["placement"]):
+      entries.append((row["run"], row["placement"], int(row["chips"]), []))
+    entries[-1][3].append(rec)
+  return out, rows, arrays
+
+
+def run_map(cfg, workdir: str, command: str = "") -> str:
+  """Simulates (or loads, plan.map_runs) and writes the map; returns the markdown summary."""
+  s = settings(cfg)
+  t0 = time.time()
+  if cfg.plan.map_runs:
+    by_combo, run_rows, arrays = load_runs(cfg.plan.map_runs)
+    by_combo = {k: v for k, v in by_combo.items()       # what the settings name, if there
+                if k[0] in s.models and k[1] in s.hardware and k[2] in s.mixes}
+  else:
+    run_rows, arrays = [], {}
+    by_combo = simulate(cfg, s, run_rows, arrays)
+  os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
+  target = cfg.slo.attainment
+  rows, blocks = [], []
+  for (model, hw, mix), entries in by_combo.items():
+    cs = cells(entries, s.ttft_grid, s.tpot_grid, target)
+    rows += [map_output.cell_row(model, hw, mix, c) for c in cs]
+    blocks.append(((model, hw, mix), cs))
+  map_output.write_csv(os.path.join(workdir, "map.csv"), rows, map_output.COLUMNS)
+  map_output.write_csv(os.path.join(workdir, "runs.csv"), run_rows, map_output.RUN_COLUMNS)
+  np.savez_compressed(os.path.join(workdir, "runs.npz"), **arrays)
+  lat = s.lattice
+  header = [f"# Where disaggregation wins: {cfg.plan.chip_budget} chips, "
+            f"{100 * target:.0f}% SLO attainment", "",
+            f"- command: `{command}`" if command else "- command: (library call)",
+            f"- {len(run_rows)} simulated runs; rates per chip {lat.rate_min:g} x "
+            f"{lat.factor:.3g}^k up to {lat.rate(lat.k_max):.3g} (a cell's goodput is the "
+            f"highest rate on this lattice meeting it); map written in "
+            f"{time.time() - t0:.0f} s",
+            "- entries: winner (D disaggregated, C colocated, K chunked, = tie, - none meets "
+            "the SLO) and best disaggregated / best aggregated per-chip goodput"]
+  titled = [(f"{m} on {h}, {x}", cs) for (m, h, x), cs in blocks]
+  map_output.write_markdown(os.path.join(workdir, "map.md"), header, titled,
+                            s.ttft_grid, s.tpot_grid)
+  for model in dict.fromkeys(m for m, _, _ in by_combo):
+    for hw in dict.fromkeys(h for m, h, _ in by_combo if m == model):
+      panels = [(x, cs) for (m, h, x), cs in blocks if (m, h) == (model, hw)]
+      map_output.plot_phase(os.path.join(workdir, "plots", f"map_{model}_{hw}.png"),
+                            f"{model} on {cfg.plan.chip_budget} x {hw}", panels,
+                            s.ttft_grid, s.tpot_grid)
+  return "\n".join(f"{m} {h} {x}: {map_output.summary_lines(cs)}" for (m, h, x), cs in blocks)

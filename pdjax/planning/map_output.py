@@ -1,0 +1,124 @@
+"""The map's files: map.csv (every cell), map.md (a text phase diagram per model, hardware and
+mix, and who wins how often), runs.csv (every simulated run) and one phase-diagram PNG per
+model and hardware (a panel per mix). matplotlib is imported only to draw."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Sequence
+
+from pdjax.planning.slo_grid import KINDS, Cell
+
+COLUMNS = ["model", "hardware", "mix", "ttft_s", "tpot_s",
+           "colocated_per_chip", "colocated_placement", "chunked_per_chip", "chunked_placement",
+           "disaggregated_per_chip", "disaggregated_placement", "winner",
+           "disagg_over_aggregated"]
+RUN_COLUMNS = ["model", "hardware", "mix", "run", "placement", "chips", "rate_rps",
+               "rate_per_chip", "requests", "attainment_loosest", "wall_s"]
+COLORS = {"disaggregated": "#3b75af", "colocated": "#ef8636", "chunked": "#519e3e",
+          "tie": "#c8c8c8", "none": "#ffffff"}
+LETTER = {"disaggregated": "D", "colocated": "C", "chunked": "K", "tie": "=", "none": "-"}
+
+
+def fmt_ratio(ratio: float) -> str:
+  if math.isnan(ratio):
+    return ""
+  return "inf" if math.isinf(ratio) else f"{ratio:.2f}"
+
+
+def cell_row(model: str, hardware: str, mix: str, c: Cell) -> dict:
+  row = {"model": model, "hardware": hardware, "mix": mix, "ttft_s": c.ttft_s,
+         "tpot_s": c.tpot_s}
+  for kind in KINDS:
+    per_chip, desc = c.best[kind]
+    row[f"{kind}_per_chip"] = round(per_chip, 4)
+    row[f"{kind}_placement"] = desc
+  row["winner"] = c.winner
+  row["disagg_over_aggregated"] = fmt_ratio(c.ratio)
+  return row
+
+
+def write_csv(path: str, rows: Sequence[dict], columns: Sequence[str]) -> None:
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=list(columns))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def text_diagram(cells: Sequence[Cell], ttft_grid, tpot_grid) -> list[str]:
+  """A markdown table: TPOT targets down (loosest first), TTFT targets across; each entry the
+  winner's letter and disaggregated / best aggregated."""
+  by = {(c.ttft_s, c.tpot_s): c for c in cells}
+  lines = ["| TPOT \\ TTFT | " + " | ".join(f"{t:g} s" for t in ttft_grid) + " |",
+           "|---|" + "---|" * len(ttft_grid)]
+  for p in sorted(tpot_grid, reverse=True):
+    entries = []
+    for t in ttft_grid:
+      c = by[(float(t), float(p))]
+      r = fmt_ratio(c.ratio)
+      entries.append(LETTER[c.winner] + (f" {r}" if r else ""))
+    lines.append(f"| {p * 1e3:g} ms | " + " | ".join(entries) + " |")
+  return lines
+
+
+def summary_lines(cells: Sequence[Cell]) -> str:
+  counts = {w: sum(c.winner == w for c in cells) for w in (*KINDS, "tie", "none")}
+  won = [c for c in cells if c.winner == "disaggregated"]
+  text = ", ".join(f"{w} {n}" for w, n in counts.items() if n)
+  if won:
+    top = max(won, key=lambda c: c.ratio)
+    text += (f"; disaggregated's best margin {fmt_ratio(top.ratio)}x at TTFT {top.ttft_s:g} s / "
+             f"TPOT {top.tpot_s * 1e3:g} ms")
+  return f"cells won: {text}"
+
+
+def write_markdown(path: str, header: Sequence[str], blocks: Sequence[tuple[str, list[Cell]]],
+                   ttft_grid, tpot_grid) -> None:
+  lines = list(header)
+  for title, cs in blocks:
+    lines += ["", f"## {title}", "", summary_lines(cs), "",
+              *text_diagram(cs, ttft_grid, tpot_grid)]
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+def plot_phase(path: str, title: str, panels: Sequence[tuple[str, list[Cell]]],
+               ttft_grid, tpot_grid) -> str:
+  """One panel per mix: x TTFT target, y TPOT target (both as categories, log-spaced values),
+  colour the winner, text disaggregated / best aggregated per-chip goodput."""
+  import matplotlib
+  matplotlib.use("Agg", force=True)
+  import matplotlib.pyplot as plt
+  from matplotlib.colors import ListedColormap
+  from matplotlib.patches import Patch
+
+  order = list(COLORS)
+  cmap = ListedColormap([COLORS[w] for w in order])
+  xs, ys = list(ttft_grid), sorted(tpot_grid)
+  fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 0.6, 4.2),
+                           squeeze=False)
+  for ax, (mix, cs) in zip(axes[0], panels):
+    by = {(c.ttft_s, c.tpot_s): c for c in cs}
+    grid = [[order.index(by[(float(x), float(y))].winner) for x in xs] for y in ys]
+    ax.imshow(grid, cmap=cmap, vmin=0, vmax=len(order) - 1, origin="lower", aspect="auto")
+    for i, y in enumerate(ys):
+      for j, x in enumerate(xs):
+        r = fmt_ratio(by[(float(x), float(y))].ratio)
+        ax.text(j, i, r, ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs], fontsize=7)
+    ax.set_yticks(range(len(ys)), [f"{y * 1e3:g}" for y in ys], fontsize=7)
+    ax.set_xlabel("TTFT target (s)")
+    ax.set_ylabel("TPOT target (ms)")
+    ax.set_title(mix, fontsize=9)
+  fig.legend(handles=[Patch(facecolor=COLORS[w], edgecolor="#999999",
+                            label="none meets the SLO" if w == "none" else w) for w in order],
+             loc="lower center", ncol=len(order), fontsize=8, frameon=False)
+  fig.suptitle(f"{title}: winner per SLO; text = best disaggregated / best aggregated "
+               f"per-chip goodput", fontsize=9)
+  fig.tight_layout(rect=(0, 0.07, 1, 0.95))
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path

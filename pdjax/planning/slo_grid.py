@@ -1,0 +1,124 @@
+"""Per-request latencies once, SLO attainment for any (TTFT, TPOT) target afterwards.
+
+A simulated run depends on (model, hardware, mix, placement, rate), not on the SLO, so the map
+records each run's per-request TTFT and TPOT once and evaluates every SLO cell from the
+arrays. Attainment is defined exactly as pdjax.metrics.summary's: a request meets the SLO when
+it finished, its TTFT <= the target and its TPOT (if defined: output > 1 token) <= the target;
+cancelled requests are not judged, rejected and failed ones are misses.
+
+A rate counts only where the run is stable: goodput is a steady-state rate, and a run whose
+queues grow for as long as requests arrive has none, whatever its attainment over a short
+window (a TPOT target averages a request's wait for a decode slot over its output, so a loose
+TPOT hides seconds of backlog from a window of a few seconds). Requests are kept in arrival
+order; the run is unstable when the median TTFT or the median TPOT of the last third of
+arrivals exceeds STABLE_GROWTH x that of the middle third plus a floor (STABLE_FLOOR_S): a
+queue that grows linearly over the window, not the noise of a steady one.
+
+For one cell, a placement's goodput is the highest rate tried that is stable with attainment >=
+the target (no interpolation between rates), divided by its chips; each kind's best
+(colocated, chunked, disaggregated) and the winner follow. Pure numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+KINDS = ("colocated", "chunked", "disaggregated")
+STABLE_GROWTH = 1.5
+STABLE_FLOOR_S = {"ttft": 0.02, "tpot": 0.002}
+MIN_STABLE_CHECK = 150     # fewer requests: thirds too small to tell a trend from length noise
+
+
+@dataclasses.dataclass
+class RunRecord:
+  """One simulated run: the offered rate (req/s, all chips) and per-request latencies."""
+  rate: float
+  ttft: np.ndarray      # seconds, in arrival order; inf where no first token came
+  tpot: np.ndarray      # seconds; 0 where TPOT is undefined (one output token)
+  judged: np.ndarray    # bool; False for cancelled requests
+
+  @classmethod
+  def from_requests(cls, rate: float, requests) -> "RunRecord":
+    from pdjax.request import Status
+    requests = sorted(requests, key=lambda r: r.arrival_s)
+    ok = [r.status == Status.FINISHED and r.ttft_s is not None for r in requests]
+    ttft = np.array([r.ttft_s if good else math.inf for r, good in zip(requests, ok)])
+    tpot = np.array([(r.tpot_s or 0.0) if good else math.inf for r, good in zip(requests, ok)])
+    judged = np.array([r.status != Status.CANCELLED for r in requests], dtype=bool)
+    return cls(float(rate), ttft.astype(np.float64), tpot.astype(np.float64), judged)
+
+  def attainment(self, ttft_s: float, tpot_s: float) -> float:
+    n = int(self.judged.sum())
+    if n == 0:
+      return 0.0
+    good = self.judged & (self.ttft <= ttft_s) & (self.tpot <= tpot_s)
+    return int(good.sum()) / n
+
+  @property
+  def stable(self) -> bool:
+    """No latency trend: see the module docstring."""
+    n = len(self.ttft)
+    if n < MIN_STABLE_CHECK:
+      return True
+    _, mid, last = np.array_split(np.arange(n), 3)
+    for name, values in (("ttft", self.ttft), ("tpot", self.tpot)):
+      before, after = np.median(values[mid]), np.median(values[last])
+      if after > STABLE_GROWTH * before + STABLE_FLOOR_S[name]:
+        return False
+    return True
+
+  def meets(self, ttft_s: float, tpot_s: float, target: float) -> bool:
+    """Stable, and attainment >= target at this SLO."""
+    return self.stable and self.attainment(ttft_s, tpot_s) >= target
+
+
+def goodput(records: list[RunRecord], ttft_s: float, tpot_s: float, target: float) -> float:
+  """The highest rate among `records` that meets the SLO (RunRecord.meets; 0.0 when none)."""
+  passing = [r.rate for r in records if r.meets(ttft_s, tpot_s, target)]
+  return max(passing, default=0.0)
+
+
+@dataclasses.dataclass
+class Cell:
+  ttft_s: float
+  tpot_s: float
+  best: dict            # kind -> (per-chip goodput, placement description or "")
+  winner: str           # colocated | chunked | disaggregated | tie | none
+  ratio: float          # best disaggregated / best aggregated (nan: neither meets the SLO)
+
+
+def winner_of(per_chip: dict[str, float]) -> tuple[str, float]:
+  """(winner, disaggregated / best aggregated) from each kind's best per-chip goodput.
+  tie: disaggregated equals the best aggregated kind; none: no kind meets the SLO; between
+  colocated and chunked an exact tie goes to colocated (the simpler placement)."""
+  agg = max(per_chip.get("colocated", 0.0), per_chip.get("chunked", 0.0))
+  dis = per_chip.get("disaggregated", 0.0)
+  ratio = math.nan if agg == dis == 0 else (math.inf if agg == 0 else dis / agg)
+  if agg == dis == 0:
+    return "none", ratio
+  if dis == agg:
+    return "tie", ratio
+  if dis > agg:
+    return "disaggregated", ratio
+  return ("colocated" if per_chip.get("colocated", 0.0) >= per_chip.get("chunked", 0.0)
+          else "chunked"), ratio
+
+
+def cells(runs: list[tuple[str, str, int, list[RunRecord]]], ttft_grid, tpot_grid,
+          target: float) -> list[Cell]:
+  """Every (TTFT, TPOT) cell (TTFT outer, TPOT inner) from runs given as
+  (kind, placement description, chips, records); the first placement of a kind wins a tie."""
+  out = []
+  for ttft_s in ttft_grid:
+    for tpot_s in tpot_grid:
+      best: dict[str, tuple[float, str]] = {k: (0.0, "") for k in KINDS}
+      for kind, desc, chips, records in runs:
+        per_chip = goodput(records, ttft_s, tpot_s, target) / chips
+        if per_chip > best[kind][0]:
+          best[kind] = (per_chip, desc)
+      winner, ratio = winner_of({k: v for k, (v, _) in best.items()})
+      out.append(Cell(float(ttft_s), float(tpot_s), best, winner, ratio))
+  return out
