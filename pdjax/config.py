@@ -153,9 +153,6 @@ def _check_host_tier(cfg) -> None:
              "needs kv.prefix_cache=True (host pages are found by their prefix names)")
     _require(launcher(cfg) == "local", "kv.host_tier_pages", pages,
              "needs cluster.launcher=local (one process: one node's tier)")
-    _require(cfg.backend == "sim" or kv.get("host_tier_handoff", "transfer") == "transfer",
-             "kv.host_tier_handoff", kv.get("host_tier_handoff"),
-             "runs on backend=sim only (the engine hands off by device transfer)")
   gbps = cfg.sim.get("host_link_gbps", 0.0)
   _require(math.isfinite(gbps) and gbps >= 0, "sim.host_link_gbps", gbps,
            "must be a finite number >= 0 (0: the hardware preset's)")

@@ -106,8 +106,12 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None):
     tier = HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy)
     gbps = cfg.sim.get("host_link_gbps", 0.0)
     link = gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s
+    handoff = cfg.kv.get("host_tier_handoff", "transfer")
     for inst in instances:
-      inst.attach_host_tier(tier, link, cfg.kv.get("host_tier_handoff", "transfer"))
+      inst.attach_host_tier(tier, link, handoff)
+    if handoff == "host" and cfg.backend == "jax":
+      from pdjax.engine.host_copies import transfer_through_host_tier
+      serve_kwargs["transfer_fn"] = transfer_through_host_tier
   kv = cfg.kv
   serve_kwargs.update(policies=policies_for(cfg, run, opts),
                       injector=FaultInjector(config_lib.fault_spec(cfg)),

@@ -133,9 +133,7 @@ def test_fault_flag_from_the_command_line_is_one_line():
      "names)"),
     ({"kv.host_tier_pages": 64, "kv.prefix_cache": True, "cluster.launcher": "ray"},
      "kv.host_tier_pages=64 needs cluster.launcher=local (one process: one node's tier)"),
-    ({"kv.host_tier_pages": 64, "kv.prefix_cache": True, "kv.host_tier_handoff": "host"},
-     "kv.host_tier_handoff='host' runs on backend=sim only (the engine hands off by device "
-     "transfer)"),
+
     ({"sim.host_link_gbps": -1.0}, "sim.host_link_gbps=-1.0 must be a finite number >= 0 (0: "
      "the hardware preset's)"),
 ])

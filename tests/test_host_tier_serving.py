@@ -190,3 +190,28 @@ def test_the_engine_reloads_the_same_kv_it_evicted(tmp_path):
   assert host["loaded_bytes"] == 4 * insts[0].kv_bytes(1)
   assert insts[0].host_copies.stats["load_pages"] == 4
   assert host["load_s_total"] == insts[0].host_copies.stats["load_s"] > 0
+
+
+@pytest.mark.slow
+def test_the_engine_hands_off_through_the_host_tier(tmp_path):
+  """kv.host_tier_handoff=host on the real engine, disaggregated: the prompts' full pages go
+  through host memory (and stay in the tier), the partial last pages device to device; greedy
+  tokens equal the direct transfer's."""
+  from pdjax.engine.cluster import host_params
+  runs = {}
+  for handoff in ("transfer", "host"):
+    cfg = sim_snapshots._config({
+        "backend": "jax", "mode": "disaggregated", "workload.num_requests": 6,
+        "workload.rate": 20.0, "kv.prefix_cache": True, "kv.host_tier_pages": 512,
+        "kv.host_tier_handoff": handoff})
+    mcfg = config_lib.validate(cfg)
+    params = host_params(mcfg, checkpoint="", seed=cfg.seed, dtype=cfg.model.dtype)
+    runs[handoff] = execute(cfg, mcfg, "disaggregated", params, quiet=True)
+  (direct, r_direct, _), (host, r_host, insts) = runs["transfer"], runs["host"]
+  assert [r.status.value for r in r_host.requests] == ["finished"] * 6
+  assert [r.output_ids for r in r_host.requests] == [r.output_ids for r in r_direct.requests]
+  full_pages = sum((r.prompt_len - 1) // 16 for r in r_host.requests)
+  assert host["kv_cache"]["host_tier"]["offloaded_pages"] == full_pages
+  loaded = sum(i.host_copies.stats["load_pages"] for i in insts if i.role == "decode")
+  assert loaded == full_pages and host["kv_pages_leaked"] == 0
+  assert direct["kv_cache"]["host_tier"]["offloaded_pages"] == 0

@@ -89,3 +89,58 @@ class HostCopies:
     # Host seconds to stage and dispatch the copies (the device side runs ahead of the step
     # in its queue; the engine does not wait for it here).
     self.stats["load_s"] += time.perf_counter() - t0
+
+
+class HostHandoff:
+  """A P -> D hand-off through the host tier in flight (kv.host_tier_handoff=host): the
+  prompt's named pages are on their way to host memory (and stay in the tier), the rest moves
+  device to device; ready once all of it arrived; result() queues the host pages as the
+  destination's reloads, written into its pool before its next step."""
+
+  def __init__(self, dst, copies: list[tuple[int, HostKV]], direct, num_bytes: int):
+    self.dst, self.copies, self.direct, self.num_bytes = dst, copies, direct, num_bytes
+    self.start, self._seconds = time.perf_counter(), None
+
+  def ready(self) -> bool:
+    if self._seconds is None and all(c.landed() for _, c in self.copies) and (
+        self.direct is None or self.direct.ready()):
+      self._seconds = time.perf_counter() - self.start
+    return self._seconds is not None
+
+  def result(self):
+    from pdjax.kv.transfer_result import TransferResult
+    if self.direct is not None:
+      self.direct.result()
+    for page, copy in self.copies:
+      copy.host()
+      self.dst.tables.pending_loads[page] = copy
+    if self._seconds is None:
+      self._seconds = time.perf_counter() - self.start
+    return TransferResult(bytes=self.num_bytes, seconds=self._seconds)
+
+
+def transfer_through_host_tier(src, src_pages: list[int], dst, dst_pages: list[int]):
+  """The run's transfer_fn under kv.host_tier_handoff=host: src's named (full prompt) pages
+  are written through the node's host tier — offered to it, so any instance can reload them
+  later — and read back by dst; the unnamed rest (the partial last page) by the device
+  transfer. An instance without a host tier transfers device to device."""
+  from pdjax.engine.transfer import page_bytes, transfer_kv_async
+  if src.host_copies is None:
+    return transfer_kv_async(src, src_pages, dst, dst_pages)
+  if len(src_pages) != len(dst_pages):
+    raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
+  cache, tier = src.tables.cache, src.tables.host
+  copies, rest = [], []
+  for s, d in zip(src_pages, dst_pages):
+    entry = cache.name_of(s)
+    if entry is None:
+      rest.append((s, d))
+      continue
+    with device_errors():
+      copy = HostKV(src.host_copies._gather(src.kv, np.array([s], np.int32)))
+    copies.append((d, copy))
+    if tier.offer(entry[0], entry[1], entry[1], copy, writer=src.name, ready_s=0.0, now=0.0):
+      src.host_copies.stats["offload_pages"] += 1
+  direct = (transfer_kv_async(src, [s for s, _ in rest], dst, [d for _, d in rest])
+            if rest else None)
+  return HostHandoff(dst, copies, direct, len(src_pages) * page_bytes(dst))

@@ -176,9 +176,8 @@ class Instance:
   def attach_host_tier(self, tier, host_bytes_per_s: float = 0.0,
                        handoff: str = "transfer") -> None:
     """Shares a node's host KV tier (pdjax/kv/host_tier.py, engine/host_copies.py); compiles
-    its page gather and scatters. host_bytes_per_s: unused (the simulator's cost)."""
-    if handoff != "transfer":
-      raise ValueError(f"the engine hands KV off by device transfer only, not {handoff!r}")
+    its page gather and scatters. host_bytes_per_s: unused (the simulator's cost). handoff:
+    the run's transfer function decides (engine/host_copies.transfer_through_host_tier)."""
     from pdjax.engine.host_copies import HostCopies
     self.host_copies = HostCopies(self)
     self.tables.attach_host(tier, self.host_copies.offload)
