@@ -341,12 +341,16 @@ def main() -> None:
                       help="only rebuild the tables from runs already in OUT")
   parser.add_argument("--no-baseline", action="store_true",
                       help="skip the background-only / no-noisy baseline runs")
+  parser.add_argument("--handoff", default="transfer", choices=("transfer", "host"),
+                      help="kv.host_tier_handoff: P -> D through the host tier (host tier on only)")
   args = parser.parse_args()
   out = args.out or ("experiments/floods/run_real" if args.real else "experiments/floods/run")
   floods = [f for f in (args.only.split(",") if args.only else FLOODS)]
   shape = REAL if args.real else SIM
   base = REAL_BASE if args.real else SIM_BASE
   hosts = {"off": [], "on": [f"--config.kv.host_tier_pages={REAL_HOST_PAGES if args.real else HOST_PAGES}"]}
+  if args.handoff == "host":   # write-through hand-off: only with the tier
+    hosts = {"on": hosts["on"] + ["--config.kv.host_tier_handoff=host"]}
   jobs = []   # (label, trace rows, host name, flags)
   if not args.no_baseline:
     # the others alone: background tenants with no flood (one trace serves long_doc, short and
@@ -394,6 +398,7 @@ def main() -> None:
            "Command: `python experiments/floods/run.py" + (" --real" if args.real else "")
            + (f" --only={args.only}" if args.only else "")
            + (" --no-baseline" if args.no_baseline else "")
+           + (" --handoff=host" if args.handoff == "host" else "")
            + "".join(f" --extra={e}" for e in args.extra) + "`", ""]
   lines += table(results) + [""]
   tt = tenant_table(results)
