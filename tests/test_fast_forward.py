@@ -26,6 +26,11 @@ CASES = {
                          "faults.restart_s": 0.3,
                          "faults.slow_instance": "decode-0:3@0.2,colocated-1:2@0.1",
                          "faults.cancel_prob": 0.2, "kv.lease_s": 0.5},
+    # the host KV tier shared by the instances (offloads from chained steps' evictions)
+    "host_tier": {"mode": "compare", "workload.preset": "agent_multiturn",
+                  "workload.num_requests": 60, "workload.rate": 40.0, "kv.prefix_cache": True,
+                  "kv.pages_per_instance": 48, "kv.host_tier_pages": 256,
+                  "scheduler.prefill_router": "kv_aware_prefix"},
     # a 64-instance cluster on h100 shapes (16 prefill + 48 decode, TP1)
     "wide": {"mode": "disaggregated", "workload.num_requests": 300, "workload.rate": 200.0,
              "cluster.prefill.instances": 16, "cluster.prefill.tp": 1,
