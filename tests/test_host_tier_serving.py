@@ -202,7 +202,8 @@ def test_the_engine_hands_off_through_the_host_tier(tmp_path):
   for handoff in ("transfer", "host"):
     cfg = sim_snapshots._config({
         "backend": "jax", "mode": "disaggregated", "workload.num_requests": 6,
-        "workload.rate": 20.0, "kv.prefix_cache": True, "kv.host_tier_pages": 512,
+        "workload.rate": 20.0, "cluster.prefill.instances": 1, "cluster.decode.instances": 1,
+        "kv.prefix_cache": True, "kv.host_tier_pages": 512,
         "kv.host_tier_handoff": handoff})
     mcfg = config_lib.validate(cfg)
     params = host_params(mcfg, checkpoint="", seed=cfg.seed, dtype=cfg.model.dtype)
