@@ -12,8 +12,8 @@ ever read half-written. Landed pages are evicted least recently used first (`lfu
 hits first, ties by recency) when the tier is full; pages still being written are never
 evicted, and a write that finds the tier full of them is refused (counted).
 
-Issue 18's first part: the tier itself. Offload from device eviction, reloads, the routers'
-view and write-through build on it.
+Offload (the prefix cache's on_drop), reloads (BlockTables.allocate_prefix / pending_loads),
+the routers' view (Worker.prefix_credit) and the write-through hand-off build on it.
 """
 
 from __future__ import annotations
