@@ -101,13 +101,7 @@ class HostTier:
   def held_prefix(self, names: list[bytes], salt: str) -> int:
     """Like ready_prefix, counting pages still being written (a routing signal: they land
     soon)."""
-    n = 0
-    for name in names:
-      page = self._pages.get(name)
-      if page is None or page.salt != salt:
-        break
-      n += 1
-    return n
+    return self.ready_prefix(names, salt, float("inf"))
 
   def take(self, names: list[bytes], salt: str, now: float) -> list:
     """The payloads of these names (all landed, under salt: check with ready_prefix first),
