@@ -212,6 +212,9 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   """Raises ConfigError on the first bad value; returns the model config."""
   _require(cfg.mode in MODES, "mode", cfg.mode, f"is not one of {list(MODES)}")
   _require(cfg.backend in ("jax", "sim"), "backend", cfg.backend, "is not one of ['jax', 'sim']")
+  repeats = cfg.get("repeats", 1)
+  _require(isinstance(repeats, int) and repeats >= 1, "repeats", repeats,
+           "must be an integer >= 1")
   if cfg.backend == "sim":
     from pdjax.sim.hardware import HARDWARE
     _require(cfg.sim.cost_model in ("roofline", "calibrated"), "sim.cost_model",

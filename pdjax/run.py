@@ -161,6 +161,17 @@ def _file_state(path: str):
   return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+def _devices(cfg) -> dict | None:
+  """The real engine's devices as run_info names them (None on the simulator)."""
+  if cfg.backend == "sim":
+    return None
+  import jax
+  device = jax.devices()[0]
+  return {"platform": device.platform, "device_kind": device.device_kind,
+          "devices": jax.device_count(),
+          **({"launcher": "ray"} if config_lib.launcher(cfg) == "ray" else {})}
+
+
 def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = False,
             on_loaded=None, ray_cluster=None):
   """Builds the run's instances (real or simulated), serves the workload; returns (summary,
@@ -169,6 +180,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   ray_cluster: a started `distributed.launcher.RayCluster` (cluster.launcher=ray): each
   instance is an actor in its own process, stopped when the run's summary is taken."""
   from pdjax import serving
+  from pdjax.metrics.run_info import run_info
   from pdjax.workload.loader import load_workload
 
   mode, instances, serve_kwargs = build_run(cfg, mcfg, run, host_params, ray_cluster)
@@ -192,6 +204,8 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
     serving.check_outputs_alone(result.requests, mcfg, as_host(host_params),
                                 dtype=cfg.model.dtype)
   summary = summarize_run(cfg, run, result, instances, problems)
+  summary["run_info"] = run_info(cfg, mcfg, run, config_lib.tiers(cfg)[mode],
+                                 devices=_devices(cfg), requests=len(requests))
   if ray_cluster is not None:
     ray_cluster.release(instances)   # their processes end; the next run starts its own
   return summary, result, instances
@@ -251,7 +265,8 @@ def main(argv) -> None:
   except config_lib.ConfigError as e:
     fail(f"config error: {e}")
   from pdjax.engine.cluster import enable_compile_cache, host_params
-  from pdjax.metrics.report import compare_table
+  from pdjax.metrics.compare import compare_table
+  from pdjax.metrics.run_info import run_info, tiny_sim_warning
 
   enable_compile_cache(cfg.compile_cache_dir)
   workdir = WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
@@ -263,20 +278,51 @@ def main(argv) -> None:
                           dtype=cfg.model.dtype) if in_driver else None)
   except (KeyError, ValueError) as e:
     fail(f"config error: {e.args[0]}")
-  runs = config_lib.modes(cfg)
-  summaries, results = {}, {}
+  if (warning := tiny_sim_warning(run_info(cfg, mcfg, cfg.mode, []))):
+    print(warning, file=sys.stderr)
   with ray_cluster_for(cfg) as ray_cluster:
-    for run in runs:
-      run_dir = os.path.join(workdir, run) if len(runs) > 1 else workdir
-      summaries[run], results[run] = run_mode(cfg, mcfg, run, run_dir, params,
-                                              ray_cluster=ray_cluster)
-  if len(runs) > 1:
+    summaries, results = run_repeats(cfg, mcfg, workdir, params, ray_cluster)
+  if len(summaries) > 1:
     write_comparison(workdir, summaries, results)
   print(compare_table(summaries))
   print(f"results: {workdir}")
-  if any(s["kv_pages_leaked"] for s in summaries.values()):
-    fail("KV pages leaked: " + ", ".join(f"{m}={s['kv_pages_leaked']}"
-                                          for m, s in summaries.items()))
+  leaked = {m: s["kv_pages_leaked"] if "kv_pages_leaked" in s
+            else s["repeats"]["metrics"]["kv_pages_leaked"]["sum"] for m, s in summaries.items()}
+  if any(leaked.values()):
+    fail("KV pages leaked: " + ", ".join(f"{m}={n}" for m, n in leaked.items()))
+
+
+def run_repeats(cfg, mcfg, workdir: str, params, ray_cluster=None):
+  """Every run of the config (mode=compare: colocated, chunked, disaggregated), `repeats`
+  times each with seeds seed .. seed+repeats-1 (workload, sampling and faults; the model's
+  weights stay those of `seed`). Returns ({run: summary}, {run: [RunResult per repeat]});
+  with repeats > 1 a run's summary is the aggregate (metrics.compare.aggregate_repeats),
+  written to <run>/summary.json beside <run>/repeat-<k>/."""
+  from pdjax.metrics.compare import aggregate_repeats
+  runs, n = config_lib.modes(cfg), int(cfg.get("repeats", 1))
+  seeds = [cfg.seed + k for k in range(n)]
+  per_run = {run: [] for run in runs}
+  for k, seed in enumerate(seeds):     # repeat outside: each seed's workload is loaded once
+    rep_cfg = cfg
+    if k:
+      rep_cfg = cfg.copy_and_resolve_references()
+      rep_cfg.seed = seed
+    for run in runs:
+      run_dir = os.path.join(workdir, run) if len(runs) > 1 else workdir
+      if n > 1:
+        run_dir = os.path.join(run_dir, f"repeat-{k}")
+      per_run[run].append(run_mode(rep_cfg, mcfg, run, run_dir, params,
+                                   ray_cluster=ray_cluster))
+  summaries = {}
+  for run, done in per_run.items():
+    if n == 1:
+      summaries[run] = done[0][0]
+      continue
+    summaries[run] = aggregate_repeats(run, [s for s, _ in done], seeds)
+    run_dir = os.path.join(workdir, run) if len(runs) > 1 else workdir
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+      json.dump(summaries[run], f, indent=2)
+  return summaries, {run: [r for _, r in done] for run, done in per_run.items()}
 
 
 def ray_cluster_for(cfg):
@@ -293,18 +339,21 @@ def ray_cluster_for(cfg):
 
 
 def write_comparison(workdir: str, summaries: dict, results: dict) -> None:
-  """compare.md (the side-by-side table and, per prompt-length bucket, the net benefit of
-  disaggregation against the plain colocated run) and plots/latency_cdf.png for all runs."""
+  """compare.md (what ran, a conclusion, the side-by-side table and, per prompt-length
+  bucket, the net benefit of disaggregation against the plain colocated run, pooled over
+  repeats) and plots/latency_cdf.png for all runs (first repeat). results: {run: [RunResult
+  per repeat]}."""
   from pdjax.metrics import plots
-  from pdjax.metrics.benefit import net_benefit
-  from pdjax.metrics.report import write_compare_report
+  from pdjax.metrics.benefit import net_benefit_pooled
+  from pdjax.metrics.compare import write_compare_report
   benefit = None
   if "colocated" in results and "disaggregated" in results:
-    benefit = net_benefit(results["colocated"].requests, results["disaggregated"].requests,
-                          BENEFIT_BUCKETS)
+    pairs = [(c.requests, d.requests)
+             for c, d in zip(results["colocated"], results["disaggregated"])]
+    benefit = net_benefit_pooled(pairs, BENEFIT_BUCKETS)
   write_compare_report(os.path.join(workdir, "compare.md"), summaries, benefit)
   os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
-  plots.plot_latency_cdfs({run: r.requests for run, r in results.items()},
+  plots.plot_latency_cdfs({run: r[0].requests for run, r in results.items()},
                           os.path.join(workdir, "plots", "latency_cdf.png"))
 
 

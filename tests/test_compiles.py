@@ -4,7 +4,8 @@ and the compare table."""
 
 from conftest import tiny_engine_options
 from pdjax.engine.cluster import build_instances
-from pdjax.metrics.report import compare_table, write_run_files
+from pdjax.metrics.compare import compare_table
+from pdjax.metrics.report import write_run_files
 from pdjax.metrics.summary import summarize
 
 # Shapes no other test compiles, so the session's cache starts without them: 2 prefill + 1

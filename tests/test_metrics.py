@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from pdjax.metrics.report import compare_table, write_run_files
+from pdjax.metrics.compare import compare_table
+from pdjax.metrics.report import write_run_files
 from pdjax.metrics.summary import percentiles, summarize
 from pdjax.request import Request, SamplingParams, Status
 

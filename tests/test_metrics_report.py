@@ -4,7 +4,8 @@ extra rows, report.md extra sections, and the markdown comparison report."""
 import pytest
 
 from pdjax.metrics.benefit import net_benefit
-from pdjax.metrics.report import compare_table, write_compare_report, write_run_files
+from pdjax.metrics.compare import compare_table, write_compare_report
+from pdjax.metrics.report import write_run_files
 from pdjax.metrics.summary import summarize, summarize_extras
 from pdjax.request import Request, SamplingParams, Status
 

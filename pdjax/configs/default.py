@@ -21,6 +21,8 @@ def get_config(arg=None):
   c.mode = "compare"                       # colocated | disaggregated | compare (all three:
                                            # colocated, chunked, disaggregated)
   c.seed = 0
+  c.repeats = 1                            # each run N times, seeds seed..seed+N-1: tables show
+                                           #   mean ± 95% interval (N >= 2 for an interval)
   c.backend = "jax"                        # jax (real engine) | sim (cost model, virtual clock)
   c.num_cpu_devices = 8                    # virtual devices when the platform is CPU
   c.compile_cache_dir = "~/.cache/pdjax/xla"   # JAX persistent compilation cache; "" = off

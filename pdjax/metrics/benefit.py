@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pdjax.metrics.intervals import interval
 from pdjax.request import Request, Status
 
 FIELDS = ("prefill_saved_s", "kv_transfer_s", "decode_extra_s", "net_s")
@@ -53,31 +54,38 @@ def _bucket(prompt_len: int, edges: Sequence[int]) -> int | None:
 def net_benefit(colocated: Sequence[Request], disaggregated: Sequence[Request],
                 bucket_edges: Sequence[int]) -> list[dict]:
   """One row per bucket [edge_i, edge_{i+1}) plus a last open bucket [edge_-1, inf):
-  {"lo", "hi" (None for the open one), "n", and the mean of each of FIELDS (None when
-  n == 0)}. Buckets use the colocated request's prompt_len; prompts shorter than the first
-  edge are left out. Requests are matched by id."""
+  {"lo", "hi" (None for the open one), "n", the mean of each of FIELDS (None when n == 0),
+  and "net_s_half_width": the 95% interval's half-width of the mean net_s over the bucket's
+  requests (None when n < 2)}. Buckets use the colocated request's prompt_len; prompts
+  shorter than the first edge are left out. Requests are matched by id."""
+  return net_benefit_pooled([(colocated, disaggregated)], bucket_edges)
+
+
+def net_benefit_pooled(pairs: Sequence[tuple[Sequence[Request], Sequence[Request]]],
+                       bucket_edges: Sequence[int]) -> list[dict]:
+  """net_benefit over the requests of several (colocated, disaggregated) run pairs (e.g. one
+  pair per repeat): requests are matched by id within a pair and pooled into the buckets."""
   edges = sorted(int(e) for e in bucket_edges)
   if not edges:
     raise ValueError("bucket_edges must not be empty")
   if len(set(edges)) != len(edges):
     raise ValueError(f"bucket_edges must be distinct, got {list(bucket_edges)}")
-  by_id = {r.id: r for r in disaggregated}
-  sums = [{f: 0.0 for f in FIELDS} for _ in edges]
-  counts = [0] * len(edges)
-  for colo in colocated:
-    disagg = by_id.get(colo.id)
-    if disagg is None:
-      continue
-    terms = request_benefit(colo, disagg)
-    b = _bucket(colo.prompt_len, edges)
-    if terms is None or b is None:
-      continue
-    counts[b] += 1
-    for f in FIELDS:
-      sums[b][f] += terms[f]
+  terms_by_bucket: list[list[dict]] = [[] for _ in edges]
+  for colocated, disaggregated in pairs:
+    by_id = {r.id: r for r in disaggregated}
+    for colo in colocated:
+      disagg = by_id.get(colo.id)
+      if disagg is None:
+        continue
+      terms = request_benefit(colo, disagg)
+      b = _bucket(colo.prompt_len, edges)
+      if terms is not None and b is not None:
+        terms_by_bucket[b].append(terms)
   rows = []
   for i, lo in enumerate(edges):
-    n = counts[i]
+    terms = terms_by_bucket[i]
+    n = len(terms)
     rows.append({"lo": lo, "hi": edges[i + 1] if i + 1 < len(edges) else None, "n": n,
-                 **{f: (sums[i][f] / n if n else None) for f in FIELDS}})
+                 **{f: (sum(t[f] for t in terms) / n if n else None) for f in FIELDS},
+                 "net_s_half_width": interval([t["net_s"] for t in terms])["half_width"]})
   return rows

@@ -1,14 +1,14 @@
-"""Run artifacts (config.json, requests.jsonl, summary.json, report.md) and a
-side-by-side comparison of several runs' summaries (e.g. colocated, chunked,
-disaggregated) as plain text or as a markdown report with the net-benefit table."""
+"""Run artifacts: config.json, requests.jsonl, summary.json and report.md (several runs side
+by side: pdjax.metrics.compare)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from pdjax.metrics.report_sections import benefit_section, extra_sections, md_table
+from pdjax.metrics.report_sections import extra_sections
+from pdjax.metrics.run_info import header_lines
 from pdjax.request import Request
 
 _MIB = 1024 * 1024
@@ -29,9 +29,13 @@ EXTRA_KEYS = ("tiers", "rejects_by_reason", "preemptions", "role_switches", "kv_
 def _report_md(summary: dict, extras: dict | None = None) -> str:
   req, kv = summary["requests"], summary["kv_transfer"]
   slo = summary.get("slo", {})
-  lines = [
-      f"# pdjax run: {summary['mode']}",
-      "",
+  info = summary.get("run_info")
+  lines = [f"# pdjax run: {summary['mode']}", ""]
+  if info:
+    lines += [f"- {line}" for line in header_lines([info])]
+    lines += [f"- placement: {info['placement']['describe']} "
+              f"({info['placement']['chips']} chips)", ""]
+  lines += [
       f"Duration {summary.get('duration_s', 0.0):.2f} s; SLO: TTFT <= "
       f"{_ms(slo.get('ttft_s'))} ms, TPOT <= {_ms(slo.get('tpot_s'))} ms.",
       "",
@@ -49,7 +53,9 @@ def _report_md(summary: dict, extras: dict | None = None) -> str:
       f"{req['rejected']} rejected, {req['failed']} failed"
       + (f", {req['cancelled']} cancelled by their client" if req.get("cancelled") else ""),
       f"- SLO attainment: {summary['slo_attainment'] * 100:.1f}%; goodput "
-      f"{summary['goodput_rps']:.2f} req/s; output {summary['output_tok_s']:.1f} tok/s",
+      f"{summary['goodput_rps']:.2f} req/s"
+      + (f" ({summary['goodput_rps'] / info['placement']['chips']:.3f} per chip)"
+         if info else "") + f"; output {summary['output_tok_s']:.1f} tok/s",
       f"- KV transfer: {kv['count']} ok ({kv['bytes'] / _MIB:.2f} MiB), "
       f"mean {_ms(kv['mean_s'])} ms, p99 {_ms(kv['p99_s'])} ms, "
       f"{kv['failures']} failed",
@@ -84,85 +90,3 @@ def write_run_files(workdir: str, *, config_dict: dict,
     json.dump(summary, f, indent=2)
   with open(os.path.join(workdir, "report.md"), "w") as f:
     f.write(_report_md(summary, extras))
-
-
-def _compiles_cell(s: dict) -> str:
-  """XLA compiles, then "(+N cached)" when a compilation cache served N programs."""
-  cached = s.get("compiles_from_cache") or 0
-  return _fmt(s["compiles"], "d") + (f" (+{cached} cached)" if cached else "")
-
-
-_ROWS: list[tuple[str, Callable[[dict], str]]] = [
-    ("TTFT p50 (ms)", lambda s: _ms(s["ttft_s"]["p50"])),
-    ("TTFT p99 (ms)", lambda s: _ms(s["ttft_s"]["p99"])),
-    ("TPOT p50 (ms)", lambda s: _ms(s["tpot_s"]["p50"])),
-    ("TPOT p99 (ms)", lambda s: _ms(s["tpot_s"]["p99"])),
-    ("SLO attainment (%)",
-     lambda s: _fmt(None if s["slo_attainment"] is None
-                    else s["slo_attainment"] * 100, ".1f")),
-    ("goodput (req/s)", lambda s: _fmt(s["goodput_rps"], ".2f")),
-    ("output tok/s", lambda s: _fmt(s["output_tok_s"], ".1f")),
-    ("finished/total",
-     lambda s: f"{s['requests']['finished']}/{s['requests']['total']}"),
-    ("KV transfers (count)", lambda s: _fmt(s["kv_transfer"]["count"], "d")),
-    ("KV transfer bytes (MiB)",
-     lambda s: _fmt(None if s["kv_transfer"]["bytes"] is None
-                    else s["kv_transfer"]["bytes"] / _MIB, ".2f")),
-    ("KV transfer mean (ms)", lambda s: _ms(s["kv_transfer"]["mean_s"])),
-    ("KV transfer p99 (ms)", lambda s: _ms(s["kv_transfer"]["p99_s"])),
-    ("compiles", _compiles_cell),
-    ("leaked pages", lambda s: _fmt(s["kv_pages_leaked"], "d")),
-]
-
-
-# Added to the comparison once any summary holds "preemptions" (summarize_extras).
-_EXTRA_ROWS: list[tuple[str, Callable[[dict], str]]] = [
-    ("preemptions", lambda s: _fmt(s.get("preemptions"), "d")),
-    ("rejected", lambda s: _fmt(s.get("requests", {}).get("rejected"), "d")),
-]
-
-
-def _compare_rows(summaries: dict[str, dict]) -> list[list[str]]:
-  specs = list(_ROWS)
-  if any("preemptions" in s for s in summaries.values()):
-    specs += _EXTRA_ROWS
-  return [[label, *(cell(s) for s in summaries.values())] for label, cell in specs]
-
-
-def compare_table(summaries: dict[str, dict]) -> str:
-  """One column per mode (dict order, any number of modes), one row per headline metric;
-  '-' for None. Rows "preemptions" and "rejected" follow when any summary holds a
-  "preemptions" key ('-' in the columns of summaries without it)."""
-  header = ["metric", *summaries]
-  rows = _compare_rows(summaries)
-  widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-
-  def line(row: list[str]) -> str:
-    cells = [row[0].ljust(widths[0])]
-    cells += [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
-    return "  ".join(cells).rstrip()
-
-  sep = "  ".join("-" * w for w in widths)
-  return "\n".join([line(header), sep, *(line(r) for r in rows)]) + "\n"
-
-
-def write_compare_report(path: str, summaries: dict[str, dict],
-                         benefit_rows: list[dict] | None = None, *,
-                         title: str = "pdjax comparison") -> None:
-  """Writes a markdown comparison: the compare table (one column per mode) and, when
-  benefit_rows is given (pdjax.metrics.benefit.net_benefit), the net-benefit table."""
-  lines = [f"# {title}", ""]
-  modes = list(summaries)
-  lines += md_table(["metric", *modes], _compare_rows(summaries)) + [""]
-  slos = {m: s.get("slo") for m, s in summaries.items() if s.get("slo")}
-  for mode, slo in slos.items():
-    lines.append(f"- {mode}: SLO TTFT <= {_ms(slo.get('ttft_s'))} ms, TPOT <= "
-                 f"{_ms(slo.get('tpot_s'))} ms, duration "
-                 f"{_fmt(summaries[mode].get('duration_s'), '.2f')} s")
-  if slos:
-    lines.append("")
-  if benefit_rows is not None:
-    lines += benefit_section(benefit_rows)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    f.write("\n".join(lines))

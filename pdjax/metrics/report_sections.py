@@ -200,20 +200,27 @@ def host_tier_section(h: dict) -> list[str]:
 
 
 def benefit_section(rows: Sequence[dict]) -> list[str]:
-  """The net-benefit table (see pdjax.metrics.benefit), ms, one row per bucket."""
+  """The net-benefit table (see pdjax.metrics.benefit), ms, one row per bucket; net carries
+  its 95% interval over the bucket's requests, and a bucket whose interval holds 0 is
+  "within noise"."""
   lines = ["## Net benefit of disaggregation by prompt length", "",
-           "net = prefill saved - KV transfer - decode extra; positive: disaggregation "
-           "paid off.", ""]
+           "net = prefill saved - KV transfer - decode extra, mean over the bucket's requests "
+           "± half-width of its 95% interval; positive: disaggregation paid off.", ""]
   if not rows:
     return lines + ["No requests finished in both runs.", ""]
   body = []
   for r in rows:
     hi = "inf" if r["hi"] is None else str(r["hi"])
-    verdict = ("-" if r["net_s"] is None
-               else "disaggregated" if r["net_s"] > 0 else "colocated")
+    hw = r.get("net_s_half_width")
+    net = _ms(r["net_s"]) + ("" if hw is None or r["net_s"] is None else f" ± {_ms(hw)}")
+    if r["net_s"] is None:
+      verdict = "-"
+    elif hw is not None and abs(r["net_s"]) <= hw:
+      verdict = "within noise"
+    else:
+      verdict = "disaggregated" if r["net_s"] > 0 else "colocated"
     body.append([f"[{r['lo']}, {hi})", str(r["n"]), _ms(r["prefill_saved_s"]),
-                 _ms(r["kv_transfer_s"]), _ms(r["decode_extra_s"]), _ms(r["net_s"]),
-                 verdict])
+                 _ms(r["kv_transfer_s"]), _ms(r["decode_extra_s"]), net, verdict])
   header = ["prompt len", "n", "prefill saved (ms)", "KV transfer (ms)",
             "decode extra (ms)", "net (ms)", "better"]
   return lines + md_table(header, body, "lrrrrrl") + [""]

@@ -132,8 +132,9 @@ def header_lines(infos: list[dict]) -> list[str]:
   for label, describe in parts:
     values = list(dict.fromkeys(describe(i[keys[label]]) for i in infos))
     lines.append(f"{label}: {' | '.join(values)}")
-  seeds = list(dict.fromkeys(str(i["seed"]) for i in infos))
-  lines.append(f"seed: {', '.join(seeds)}")
+  seeds = [i["seed"] if isinstance(i["seed"], list) else [i["seed"]] for i in infos]
+  seeds = list(dict.fromkeys(", ".join(map(str, s)) for s in seeds))
+  lines.append(f"seed: {' | '.join(seeds)}")
   return lines
 
 
