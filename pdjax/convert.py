@@ -18,7 +18,7 @@ import os
 
 from absl import app, flags, logging
 
-from pdjax.cli import fail, use_cpu_devices
+from pdjax.cli import fail, parse_flags, use_cpu_devices
 from pdjax.models import orbax_checkpoint as ocp_lib
 from pdjax.engine.hf_to_orbax import MAX_CPU_DEVICES, convert, max_tp
 from pdjax.models.llama_config import config_from_hf
@@ -53,4 +53,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

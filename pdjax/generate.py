@@ -26,7 +26,7 @@ import sys
 
 from absl import app, flags, logging
 
-from pdjax.cli import fail, use_cpu_devices
+from pdjax.cli import fail, parse_flags, use_cpu_devices
 from pdjax.text.stops import load_text
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Local HF checkpoint folder.")
@@ -180,4 +180,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

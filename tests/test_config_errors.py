@@ -19,8 +19,20 @@ CASES = [
     (["--config.mode=disaggregated", "--config.cluster.decode.instances=3"],
      "config error: cluster.prefill.instances=2 x tp=2 + cluster.decode.instances=3 x tp=2 "
      "needs 10 devices, only 8 available"),
-    (["--config.workload.bogus=1"],
-     "config error: unknown config key 'workload.bogus' (in --config.workload.bogus=1)"),
+    (["--config.workload.bogus=1"], "config error: no key workload.bogus"),
+    (["--config.workload.rat=1"],
+     "config error: no key workload.rat (did you mean workload.rate?)"),
+    (["--config.scheduler.prefil_router=x"],
+     "config error: no key scheduler.prefil_router (did you mean scheduler.prefill_router?)"),
+    (["--config.sed=1"], "config error: no key sed (did you mean seed?)"),
+    (["--config.workloda.rate=1"], "config error: no key workloda (did you mean workload?)"),
+    (["--config=configs/default.py:smoke", "--config.cluster.prefill.tpp=1"],
+     "config error: no key cluster.prefill.tpp (did you mean cluster.prefill.tp?)"),
+    (["--config=/nonexistent/given.py"], "config error: no config file /nonexistent/given.py"),
+    (["--config=/nonexistent/given.py", "--config.seed=1"],
+     "config error: no config file /nonexistent/given.py"),
+    (["--config=configs/default.py:bogus"], "config error: config file configs/default.py:bogus "
+     "raised ValueError: unknown variant 'bogus' (known: smoke)"),
     (["--config.scheduler.path=shortest"],
      "config error: scheduler.path='shortest' is not one of ['always_colocated', "
      "'always_disagg', 'length_hybrid', 'load_hybrid', 'prefix_hybrid']"),
@@ -55,6 +67,30 @@ def test_config_error_is_one_line(args, message):
   assert proc.returncode == 2
   assert proc.stderr.strip() == message
   assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("source, error", [
+    ("raise RuntimeError('boom here')\n", "RuntimeError: boom here"),
+    ("def get_config(:\n", "SyntaxError: invalid syntax (broken.py, line 1)"),
+    ("def get_config():\n  return {}['x']\n", "KeyError: 'x'"),
+], ids=["raises", "syntax", "get_config_raises"])
+def test_config_file_that_raises_is_one_line(tmp_path, source, error):
+  path = tmp_path / "broken.py"
+  path.write_text(source)
+  proc = subprocess.run([sys.executable, "-m", "pdjax.run", f"--config={path}",
+                         "--workdir=/nonexistent/x"], capture_output=True, text=True, timeout=300)
+  assert (proc.returncode, proc.stderr.strip(), proc.stdout) == (
+      2, f"config error: config file {path} raised {error}", "")
+
+
+def test_unknown_key_message_without_a_close_key():
+  from pdjax.cli import unknown_key_message
+  known = ["seed", "workload", "workload.rate", "workload.kind"]
+  assert unknown_key_message("workload.rat", known) == (
+      "config error: no key workload.rat (did you mean workload.rate?)")
+  assert unknown_key_message("rate", known) == (
+      "config error: no key rate (did you mean workload.rate?)")
+  assert unknown_key_message("workload.zzz", known) == "config error: no key workload.zzz"
 
 
 def test_validate_checks_in_process():

