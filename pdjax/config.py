@@ -323,3 +323,9 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(0 < cfg.slo.attainment <= 1, "slo.attainment", cfg.slo.attainment,
            "must be in (0, 1]")
   return mcfg
+
+
+if __name__ == "__main__":   # python -m pdjax.config --markdown > docs/config.md
+  import sys
+  from pdjax.config_reference import main
+  sys.exit(main(sys.argv[1:]))

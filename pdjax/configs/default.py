@@ -20,7 +20,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.mode = "compare"                       # colocated | disaggregated | compare (all three:
                                            # colocated, chunked, disaggregated)
-  c.seed = 0
+  c.seed = 0                               # seeds the workload, random weights, routers, faults
   c.repeats = 1                            # each run N times, seeds seed..seed+N-1: tables show
                                            #   mean ± 95% interval (N >= 2 for an interval)
   c.backend = "jax"                        # jax (real engine) | sim (cost model, virtual clock)
@@ -38,6 +38,8 @@ def get_config(arg=None):
   c.cluster.prefill = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))
   c.cluster.decode = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))
   c.cluster.colocated = ml_collections.ConfigDict(dict(instances=4, tp=2, kv_pages=0))
+  # instances: how many instances this tier runs
+  # tp: devices per instance (tensor parallelism)
   # kv_pages: this tier's KV pool per instance; 0 = kv.pages_per_instance
   c.cluster.launcher = "local"             # local (one process) | ray (a process per instance)
   c.cluster.ray_address = ""               # ray: "" = start a local Ray; else join this cluster
@@ -48,8 +50,8 @@ def get_config(arg=None):
   c.cluster.pull_timeout_s = 30.0          # ray: a KV pull not done by then fails (recovery)
 
   c.kv = ml_collections.ConfigDict()
-  c.kv.page_size = 16
-  c.kv.pages_per_instance = 256
+  c.kv.page_size = 16                      # tokens per KV page
+  c.kv.pages_per_instance = 256            # KV pool per instance (pages)
   c.kv.max_model_len = 512                 # prompt + generated tokens per sequence
   c.kv.prefix_cache = False                # reuse cached full pages of equal prefixes
   c.kv.cache_pages = 0                     # most pages cached per instance (0: the pool)
@@ -71,7 +73,7 @@ def get_config(arg=None):
 
   c.scheduler = ml_collections.ConfigDict()
   c.scheduler.prefill_buckets = (64, 128, 256, 512)   # packed prompt tokens per prefill step
-  c.scheduler.max_prefill_seqs = 4
+  c.scheduler.max_prefill_seqs = 4                    # most sequences per prefill step
   c.scheduler.decode_buckets = (4, 8, 16)             # sequences per decode step
   c.scheduler.prefill_router = "least_loaded"   # round_robin|random|least_loaded|power_of_two|
   c.scheduler.decode_router = "least_loaded"    #   kv_aware|kv_aware_prefix|session_sticky
@@ -95,9 +97,12 @@ def get_config(arg=None):
   c.workload.num_requests = 64
   c.workload.rate = 8.0                    # requests per second (Poisson)
 
-  c.sampling = ml_collections.ConfigDict(dict(temperature=0.0))
+  c.sampling = ml_collections.ConfigDict(dict(temperature=0.0))   # temperature: 0 = greedy
   c.slo = ml_collections.ConfigDict(dict(ttft_s=1.0, tpot_s=0.1, attainment=0.9))
-  c.progress = True
+  # ttft_s: SLO on the time to first token (s)
+  # tpot_s: SLO on the time per output token (s); a request meets the SLO when both hold
+  # attainment: share of requests meeting the SLO that counts as a pass (pdjax.plan)
+  c.progress = True                        # a progress bar per run on stderr
   c.output = ml_collections.ConfigDict()
   c.output.trace_steps = "auto"            # trace.json: auto (every step up to 200,000, then
                                            #   binned per instance and time) | full (every step)
@@ -112,7 +117,7 @@ def get_config(arg=None):
   c.faults.kill_instance = ""              # "name@seconds,...": the instance dies then
   c.faults.restart_s = 0.0                 # a killed instance is back after this (0: never)
   c.faults.cancel_prob = 0.0               # a client aborts a request with this probability
-  c.faults.cancel_stages = "queued,prefill,transfer_wait,transfer,decode"
+  c.faults.cancel_stages = "queued,prefill,transfer_wait,transfer,decode"   # stages a cancel hits
 
   c.sim = ml_collections.ConfigDict()      # backend=sim only
   c.sim.cost_model = "roofline"            # roofline (hardware preset) | calibrated (sim.profile)
@@ -140,14 +145,14 @@ def get_config(arg=None):
   c.plan.map_tpot_s = (0.025, 0.1)         # TPOT targets (s), the map's y axis
   c.plan.map_rate_min = 0.0625             # req/s per chip: the rate lattice min * factor^k,
   c.plan.map_rate_max = 64.0               #   up to max; a cell reads the highest lattice rate
-  c.plan.map_rate_factor = 1.4142135623730951   # meeting it (resolution: the factor)
+  c.plan.map_rate_factor = 1.4142135623730951   #   meeting it (resolution: the factor)
   c.plan.map_rate_start = 1.0              # req/s per chip where a placement's walk starts
   c.plan.map_tp_count = 2                  # the smallest N TP degrees of tp_choices that fit
   c.plan.map_full_budget = True            # only placements using all chip_budget chips
   c.plan.map_max_disagg = 0                # at most N disaggregated placements (0: all)
   c.plan.map_runs = ""                     # a previous map's DIR: re-evaluate its runs only
 
-  if arg == "smoke":
+  if arg == "smoke":                       # a few requests, for tests
     c.workload.num_requests = 8
     c.workload.rate = 20.0
     c.scheduler.prefill_buckets = (64, 512)

@@ -43,18 +43,18 @@ def default_workload_config() -> ml_collections.ConfigDict:
   w.on_s = 2.0                      # onoff: seconds on (arrivals at rate)
   w.off_s = 2.0                     # onoff: seconds off (no arrivals)
   w.ramp_to_rate = 16.0             # ramp: rate at the last arrival
-  w.ignore_eos = False
+  w.ignore_eos = False              # generate max_new_tokens even past an EOS token
   w.tenants = 1                     # synthetic: requests spread over tenant-0..; by session
   w.chat_fraction = 0.75            # mixed preset: share of chat requests
-  w.chat_prompt_len = (16, 64)
-  w.chat_max_new_tokens = (16, 48)
-  w.doc_prompt_len = (192, 448)
-  w.doc_max_new_tokens = (8, 24)
+  w.chat_prompt_len = (16, 64)      # mixed preset: chat prompt tokens (low, high), uniform
+  w.chat_max_new_tokens = (16, 48)  # mixed preset: chat max_new_tokens (low, high), uniform
+  w.doc_prompt_len = (192, 448)     # mixed preset: document prompt tokens (low, high), uniform
+  w.doc_max_new_tokens = (8, 24)    # mixed preset: document max_new_tokens (low, high), uniform
   w.lognormal_prompt_mean = 128.0   # lognormal preset: mean prompt tokens (before clipping)
   w.lognormal_output_mean = 64.0    # lognormal preset: mean max_new_tokens (before clipping)
   w.lognormal_sigma = 1.0           # lognormal preset: sigma of log length
   w.lognormal_max_prompt_len = 384  # lognormal preset: longer draws are clipped
-  w.lognormal_max_output_len = 128
+  w.lognormal_max_output_len = 128  # lognormal preset: longer draws are clipped
   return w
 
 
