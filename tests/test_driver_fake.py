@@ -145,7 +145,8 @@ def test_least_loaded_router_spreads_requests():
   driver = Driver("colocated", [Worker(i, "colocated") for i in insts], options=OPTS,
                   clock=clock)
   reqs = driver.run([_req(i, 4, 1) for i in range(6)]).requests
-  assert [r.prefill_instance for r in reqs] == ["colocated-0", "colocated-1", "colocated-2"] * 2
+  # Each arrival sees the others equally loaded: ties rotate, from colocated-1 for seed 0.
+  assert [r.prefill_instance for r in reqs] == ["colocated-1", "colocated-2", "colocated-0"] * 2
 
 
 def test_a_transfer_in_flight_does_not_hold_the_loop():
@@ -263,3 +264,21 @@ def test_a_step_that_never_completes_ends_in_a_dead_instance_not_a_hang():
   assert result.faults["instances_killed"] == 1 and "kill_instance" not in result.faults[
       "injected"]
   assert inst.tables.num_free_pages == inst.tables.allocator.num_pages
+
+
+def test_an_instance_idle_most_of_the_run_reports_a_queued_mean_near_0():
+  """State is sampled when it changes (a request queued, a step collected), not only at
+  dispatch: the queue a prefill empties counts for the prefill's 0.1 s, not for the idle gap
+  after it. One instance: r0 queued at 0 (prefilled 0-0.1, its one token ends it), r1 at 9.9
+  (9.9-10.0); queued 1 for 0.2 s of the 10 s run."""
+  from pdjax.metrics.timeline import tier_stats
+  clock = ManualClock()
+  inst = FakeInstance("colocated-0", clock)
+  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  result = driver.run([_req(0, 5, 1), _req(1, 5, 1, arrival=9.9)])
+  assert [(s["t"], s["queued"], s["running"], s["kv_pages_used"]) for s in result.samples] == [
+      (0.0, 1, 0, 2), (0.1, 0, 0, 0), (9.9, 1, 0, 2), (pytest.approx(10.0), 0, 0, 0)]
+  assert result.duration_s == pytest.approx(10.0)
+  stats = tier_stats(result.steps, result.samples, result.duration_s)["instances"]
+  assert stats["colocated-0"]["queued"] == {"mean": pytest.approx(0.02, rel=1e-12), "max": 1}
+  assert stats["colocated-0"]["kv_used_frac_mean"] == pytest.approx(0.2 * 2 / 32 / 10, rel=1e-12)

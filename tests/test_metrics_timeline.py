@@ -105,6 +105,30 @@ def test_tier_stats_fallbacks():
     tier_stats([], [], 0.0)
 
 
+def test_state_means_are_weighted_by_hold_time():
+  """Issue 24: a queue that drains right after a dispatch counts for the time it held. p0 is
+  queued 1 for 0.1 s (its one prefill step, 0-0.1 s), then 0 for 9.9 s; p1 queues 2 from 5 s
+  and runs 1 from 7.5 s to the end. Means over the 10 s run, busy from the step spans."""
+  steps = [step("p0", "prefill", "prefill", 0.0, 0.1, 1), step("p1", "prefill", "prefill",
+                                                                5.0, 7.5, 2)]
+  samples = [sample(0.0, "p0", "prefill", 1, 0, 2, 32), sample(0.1, "p0", "prefill", 0, 0, 0, 32),
+             sample(0.0, "p1", "prefill", 0, 0, 0, 32), sample(5.0, "p1", "prefill", 2, 0, 8, 32),
+             sample(7.5, "p1", "prefill", 0, 1, 16, 32)]
+  t = tier_stats(steps, samples, 10.0)
+  p0, p1, tier = t["instances"]["p0"], t["instances"]["p1"], t["roles"]["prefill"]
+  assert p0["queued"] == {"mean": 0.01, "max": 1}
+  assert p0["busy_fraction"] == 0.01
+  assert p0["kv_used_frac_mean"] == 2 / 32 * 0.1 / 10
+  assert p1["queued"] == {"mean": 2 * 2.5 / 10, "max": 2}
+  assert p1["running"] == {"mean": 2.5 / 10, "max": 1}
+  assert p1["kv_used_frac_mean"] == (8 * 2.5 + 16 * 2.5) / 32 / 10
+  assert p1["busy_fraction"] == 0.25
+  # The tier: per-instance means over both instances' 20 instance-seconds.
+  assert tier["queued"]["mean"] == pytest.approx((0.1 + 5) / 20, rel=1e-15)
+  assert tier["running"]["mean"] == 2.5 / 20
+  assert tier["busy_fraction"] == pytest.approx(2.6 / 20, rel=1e-15)
+
+
 def make(rid, status, reason="", preemptions=0):
   r = Request(id=rid, arrival_s=0.0, prompt_ids=[1])
   r.preemptions = preemptions
@@ -232,8 +256,9 @@ def old_tier_stats(steps, samples, duration_s):
   for role in roles:
     smp, w, st = select(role=role)
     members = sorted({s["instance"] for s in st} | {s["instance"] for s in smp})
+    stepped = list(dict.fromkeys(s["instance"] for s in st))   # in order of their first step,
     busy = sum(_old_busy(((s["start_s"], s["end_s"]) for s in st if s["instance"] == m),
-                         duration_s) for m in members)
+                         duration_s) for m in stepped)         # as the first version summed
     by_role[role] = {"instances": members, "busy_fraction": busy / (len(members) * duration_s),
                      **_old_state(smp, w), **_old_steps(st)}
   return {"instances": instances, "roles": by_role}

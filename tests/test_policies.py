@@ -77,6 +77,26 @@ class TestRouters:
     assert router.choose(_req(5, 4, 1, session="s"), [ws[2]]).name == "colocated-2"
     assert router.choose(_req(6, 4, 1, session="s"), ws).name == "colocated-2"
 
+  @pytest.mark.parametrize("name", ["least_loaded", "kv_aware", "kv_aware_prefix",
+                                    "power_of_two", "session_sticky"])
+  def test_ties_rotate_over_equally_loaded_instances_seeded(self, name):
+    """Equally loaded candidates take turns (they went to the first one every time), from a
+    position drawn from the seed: 12 choices over 4 idle instances, 3 each, the same sequence
+    for the same seed; power_of_two rotates only where it has nothing to sample (2 or fewer)."""
+    ws = _workers(4 if name != "power_of_two" else 2)
+    names = lambda router, n: [router.choose(_req(i, 4, 1), ws).name[-1] for i in range(n)]
+    seed0 = names(policy_lib.ROUTERS[name](seed=0), 12)
+    if name == "power_of_two":
+      assert seed0 == list("01" * 6)   # seed 0 starts at 50494 % 2
+      return
+    assert seed0 == list("2301" * 3)   # seed 0 starts at 50494 % 4 = 2, seed 1 at 17611 % 4
+    assert names(policy_lib.ROUTERS[name](seed=0), 12) == seed0
+    assert names(policy_lib.ROUTERS[name](seed=1), 12) == list("3012" * 3)
+    # A busy instance leaves the rotation; the others keep taking turns past it.
+    ws[2].waiting.append(_req(9, 8, 1))
+    ws[2].running.append(_req(10, 8, 1))   # (kv_aware ranks running before queued tokens)
+    assert names(policy_lib.ROUTERS[name](seed=0), 6) == list("301" * 2)
+
 
 class TestPaths:
 

@@ -81,7 +81,8 @@ class RunResult:
   transfers: list[dict]
   duration_s: float
   steps: list[dict]          # one per executed step (see Driver._collect)
-  samples: list[dict]        # worker state at each dispatch
+  samples: list[dict]        # worker state: at each dispatch and wherever it changed since
+                             # (Driver._record_state)
   role_switches: list[dict]
   preemptions: int
   flushes: list[dict] = dataclasses.field(default_factory=list)   # {"t_s", "tenant", "pages"}
@@ -131,6 +132,8 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     self._terminal = 0
     self._touched = set(range(len(workers)))   # idle workers to plan on the next turn
     self._index = {id(w): i for i, w in enumerate(workers)}
+    for w in workers:
+      w.latest_sample = None   # (workers may serve an earlier driver's run)
     self._tiers: dict[str, list[Worker]] | None = None
     self._draining: list[Worker] = []
     self._init_recovery()
@@ -139,6 +142,20 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
 
   def _touch(self, w: Worker) -> None:
     self._touched.add(self._index[id(w)])
+
+  def _record_state(self, w: Worker, sampled: int) -> None:
+    """Samples w's state after its dispatches of this turn, if it changed
+    (Worker.record_state_change). Every change of the state the statistics read (a request
+    queued or transferred in, a step collected, pages freed, a role switched) touches w, and a
+    touched worker comes here, so the samples follow that state over time, as the statistics'
+    hold-time weights assume.
+    sampled: len(self.samples) before the dispatches; a dispatch samples the state it launches
+    a step from (Steps._dispatch), which holds unless the dispatch failed (touching w)."""
+    if len(self.samples) > sampled:
+      w.latest_sample = self.samples[-1]
+      if self._index[id(w)] not in self._touched:
+        return
+    w.record_state_change(self.samples, self.clock.now())
 
   def _finish(self, req: Request, status: Status, now: float, reason: str = "") -> None:
     req.finish(status, now, reason)
@@ -187,10 +204,12 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
         w = self.workers[i]
         if w.dead:
           continue
+        sampled = len(self.samples)
         if w.inflight is None:
           self._dispatch(w)
         if self._can_dispatch_ahead(w):
           self._dispatch(w, ahead=True)
+        self._record_state(w, sampled)
       turn_now = False
       if fast_forward:
         collected, turn_now = self._fast_forward(arrivals)

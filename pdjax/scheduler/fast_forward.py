@@ -13,8 +13,9 @@ steps in end-time order, ties in worker order — exactly the order and the cloc
 one turn per step would have made the same `_collect` and `_dispatch` calls — so the run's
 tokens, timestamps, step records and samples are identical, byte for byte
 (tests/test_fast_forward.py compares both on several configurations). Every per-step record
-is still made: what is skipped is the loop's per-turn work over all workers, which dominates
-at 64 instances. A step whose end ties with the horizon is left to the loop.
+is still made (the dispatch's sample, and the state sample after it: Driver._record_state):
+what is skipped is the loop's per-turn work over all workers, which dominates at 64
+instances. A step whose end ties with the horizon is left to the loop.
 
 Off (one turn per step) for anything whose per-turn behaviour could differ: the wall clock, a
 role-switch policy (it is asked every turn), online serving (inbox, listener), debug mode
@@ -94,7 +95,9 @@ class FastForward:
       for i in batch:               # ... and the next dispatches the touched, in worker order
         self._touched.discard(i)
         w = self.workers[i]
+        sampled = len(self.samples)
         self._dispatch_chained(w)
+        self._record_state(w, sampled)
         if w.inflight is None:
           continue
         if self._chains(w):
@@ -162,14 +165,7 @@ class FastForward:
     table = tables.pages_of
     rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
              r.sampling.temperature, r.sampling_seed, r.sampling.top_p) for r in plan.decodes]
-    self.samples.append({"t": now, "instance": w.name, "role": w.role,
-                         "queued": len(w.waiting), "running": len(w.running),
-                         "kv_pages_used": tables.num_used_pages,
-                         "kv_pages_total": tables.allocator.num_pages,
-                         "kv_pages_cached": tables.num_cached_idle_pages,
-                         "kv_slots_unused": tables.num_unused_slots})
-    if tables.host is not None:
-      self.samples[-1]["host_tier_pages"] = len(tables.host)
+    self.samples.append(w.state_sample(now))
     t1 = self.clock.now()
     try:
       pending, slow = w.instance.decode(rows), self.injector.slow_factor(w.name, now)

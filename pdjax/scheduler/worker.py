@@ -16,6 +16,8 @@ from collections import deque
 from pdjax.request import Request
 
 EWMA = 0.3   # weight of the newest measurement in the measured rates
+STATE_KEYS = ("role", "queued", "running", "kv_pages_used", "kv_pages_total",
+              "kv_pages_cached")   # what a state sample must differ in from the latest one
 
 
 @dataclasses.dataclass
@@ -81,6 +83,7 @@ class Worker:
     self.prefill_drain_tok_s: float | None = None   # per second of wall time with a queue
     self._drain_from: float | None = None     # when the current backlog period's clock started
     self.decode_step_s: float | None = None
+    self.latest_sample: dict | None = None    # the driver's latest sample of its state
 
   @property
   def name(self) -> str:
@@ -147,6 +150,32 @@ class Worker:
     if host is None or held >= len(names):
       return held
     return held + self.instance.host_page_weight * host.held_prefix(names[held:], salt)
+
+  def state_sample(self, now: float) -> dict:
+    """A sample of the state the tier statistics read (RunResult.samples): queue, running
+    batch, KV pool (and the node's host tier's pages, when it has one), at `now`."""
+    tables = self.tables
+    sample = {"t": now, "instance": self.name, "role": self.role,
+              "queued": len(self.waiting), "running": len(self.running),
+              "kv_pages_used": tables.num_used_pages,
+              "kv_pages_total": tables.allocator.num_pages,
+              "kv_pages_cached": tables.num_cached_idle_pages,
+              "kv_slots_unused": tables.num_unused_slots}
+    if tables.host is not None:
+      sample["host_tier_pages"] = len(tables.host)
+    return sample
+
+  def record_state_change(self, samples: list[dict], now: float) -> None:
+    """Appends a sample of this instance's state at `now` to the run's samples unless it
+    equals its latest sample in STATE_KEYS (the state the statistics read): the samples are
+    then the state's changes, each holding until the next one (pdjax/metrics/timeline.py
+    weights them so; a queue a prefill emptied holds only for that prefill, not for the idle
+    gap after it), and an idle instance adds none."""
+    sample, latest = self.state_sample(now), self.latest_sample
+    if latest is not None and all(latest[k] == sample[k] for k in STATE_KEYS):
+      return
+    samples.append(sample)
+    self.latest_sample = sample
 
   def pages_for(self, num_tokens: int) -> int:
     return self.tables.pages_needed(num_tokens)

@@ -1,7 +1,8 @@
 """least_loaded: the instance with the fewest queued prompt tokens (then fewest running
-sequences, then first listed), the slice's default."""
+sequences; ties rotate, seeded: policies/ties.py), the slice's default."""
 
 from pdjax.scheduler.policies.base import Router
+from pdjax.scheduler.policies.ties import RotatingTies
 
 
 def load(w) -> tuple:
@@ -10,8 +11,8 @@ def load(w) -> tuple:
 
 class LeastLoaded(Router):
 
-  def __init__(self, **_):
-    pass
+  def __init__(self, seed: int = 0, **_):
+    self._ties = RotatingTies(seed)
 
   def choose(self, req, candidates):
-    return min(candidates, key=load) if candidates else None
+    return self._ties.best(candidates, load)

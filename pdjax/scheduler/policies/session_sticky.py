@@ -1,5 +1,6 @@
 """session_sticky: requests of one session go to the instance that served the session before,
-while it is eligible (has room); otherwise, and for requests without a session, least_loaded."""
+while it is eligible (has room); otherwise, and for requests without a session, least_loaded
+(its ties rotating, seeded)."""
 
 from pdjax.scheduler.policies.base import Router
 from pdjax.scheduler.policies.least_loaded import LeastLoaded
@@ -7,9 +8,9 @@ from pdjax.scheduler.policies.least_loaded import LeastLoaded
 
 class SessionSticky(Router):
 
-  def __init__(self, **_):
+  def __init__(self, seed: int = 0, **_):
     self._home: dict[str, str] = {}
-    self._fallback = LeastLoaded()
+    self._fallback = LeastLoaded(seed=seed)
 
   def choose(self, req, candidates):
     if not candidates:
