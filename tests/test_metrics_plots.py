@@ -82,6 +82,39 @@ def test_tier_timeline_binned_past_the_bound(tmp_path, monkeypatch):
     plots.plot_tier_timeline(steps, samples, switches, path)
 
 
+@pytest.mark.parametrize("max_exact_steps", [5000, 1])
+def test_tier_timeline_axes_are_labelled_with_units_and_it_has_a_legend(monkeypatch, tmp_path,
+                                                                         max_exact_steps):
+  """Both drawings (exact per instance, binned per tier): x in seconds, each panel's y named
+  with its unit, one legend above the panels naming every line."""
+  from pdjax.metrics import plots
+  figures = []
+  monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+  steps = [step("p0", "prefill", "prefill", 0.0, 0.1, 1), step("d0", "decode", "decode",
+                                                               0.1, 3600.0, 1)]
+  samples = [sample(0.0, "p0", "prefill", 1, 0, 2, 32), sample(0.1, "p0", "prefill", 0, 0, 0, 32),
+             sample(0.1, "d0", "decode", 0, 1, 2, 32)]
+  switches = [{"t": 60.0, "instance": "p0", "from": "prefill", "to": "decode"}]
+  plot_tier_timeline(steps, samples, switches, str(tmp_path / "t.png"),
+                     max_exact_steps=max_exact_steps)
+  (fig,) = figures
+  panels = [ax for ax in fig.axes if ax.get_ylabel() and ax.yaxis.get_label_position() == "left"]
+  assert panels[-1].get_xlabel().startswith("time (s)")
+  (legend,) = fig.legends
+  labels = [t.get_text() for t in legend.get_texts()]
+  if max_exact_steps == 1:   # binned: one panel per quantity, a line per tier
+    assert [ax.get_ylabel() for ax in panels] == [
+        "queued requests\nper instance", "running sequences\nper instance",
+        "KV pages used\n(% of pool)", "busy\n(% of time)"]
+    assert labels == ["decode (1 instance)", "prefill (1 instance)", "mean per instance",
+                      "max (one instance)", "role switch (1)"]
+  else:                      # exact: one panel per instance, KV % on its right axis
+    assert [ax.get_ylabel() for ax in panels] == ["d0\n(requests)", "p0\n(requests)"]
+    assert [ax.get_ylabel() for ax in fig.axes if ax not in panels] == ["KV (% of pool)"] * 2
+    assert labels == ["queued requests", "running sequences", "KV used % (right)",
+                      "role switch", "engine step"]
+
+
 def test_tier_bins_exact():
   """Two 1 s bins: a is sampled in prefill (2, then 6 at 0.5 s) and in decode from 1.5 s; b in
   prefill from 0.5 s; a's prefill step spans the bin edge."""

@@ -106,12 +106,18 @@ def plot_tier_timeline(steps: Sequence[dict], samples: Sequence[dict],
   return _plot_tiers(steps, samples, role_switches, path)
 
 
+BAND_BELOW = 0.17   # the steps' band lies below 0 requests, in this fraction of the top
+ZERO_AT = BAND_BELOW / (BAND_BELOW + 1.08)   # where 0 sits on the axis, as a fraction
+
+
 def _plot_instances(steps: Sequence[dict], samples: Sequence[dict],
                     role_switches: Sequence[dict], path: str) -> str:
-  """One panel per instance: queue depth and running batch size over time (step
-  functions from the samples), page-pool occupancy (% of the pool held by sequences, and
-  % cached but idle when a prefix cache is on) on a right-hand axis, busy intervals as a band
-  under the axis, and a vertical marker at every role switch."""
+  """One panel per instance: queued requests and running sequences over time (step functions
+  from the samples, left axis), page-pool occupancy (% of the pool held by sequences, and %
+  cached but idle when a prefix cache is on; right axis), engine steps as a gray band under
+  0 (an edge keeps a step visible at any time scale), a dotted red line at every role switch;
+  one legend for all panels, above them."""
+  from matplotlib.ticker import MaxNLocator
   plt = _pyplot()
   names = sorted({s["instance"] for s in steps} | {s["instance"] for s in samples}
                  | {s["instance"] for s in role_switches})
@@ -120,89 +126,120 @@ def _plot_instances(steps: Sequence[dict], samples: Sequence[dict],
     ax.set_xlabel("time (s)")
     _note(ax, "no steps, samples or role switches")
     return _save(fig, path)
-  fig, axes = plt.subplots(len(names), 1, sharex=True, squeeze=False,
-                           figsize=(10, 1.2 + 2.0 * min(len(names), 16)))
+  height = 1.6 + 2.0 * min(len(names), 16)
+  fig, axes = plt.subplots(len(names), 1, sharex=True, squeeze=False, figsize=(10, height))
+  cached = any(s.get("kv_pages_cached") for s in samples)
   for ax, name in zip(axes[:, 0], names):
     smp = sorted((s for s in samples if s["instance"] == name), key=lambda s: s["t"])
+    top = max([1] + [max(s["queued"], s["running"]) for s in smp])
     if smp:
       ts = [s["t"] for s in smp]
-      ax.step(ts, [s["queued"] for s in smp], where="post", label="queued")
-      ax.step(ts, [s["running"] for s in smp], where="post", label="running")
+      ax.step(ts, [s["queued"] for s in smp], where="post", color="C0")
+      ax.step(ts, [s["running"] for s in smp], where="post", color="C1")
       kv_ax = ax.twinx()
       total = [max(1, s["kv_pages_total"]) for s in smp]
       kv_ax.step(ts, [100 * s["kv_pages_used"] / n for s, n in zip(smp, total)], where="post",
-                 color="purple", alpha=0.6, linewidth=1, label="KV used %")
-      if any(s.get("kv_pages_cached") for s in smp):
+                 color="purple", alpha=0.6, linewidth=1)
+      if cached:
         kv_ax.step(ts, [100 * s.get("kv_pages_cached", 0) / n for s, n in zip(smp, total)],
-                   where="post", color="green", alpha=0.6, linewidth=1, label="KV cached %")
-      kv_ax.set_ylim(0, 105)
+                   where="post", color="green", alpha=0.6, linewidth=1)
+      kv_ax.set_ylim(-ZERO_AT * 105 / (1 - ZERO_AT), 105)   # 0 % level with 0 requests
+      kv_ax.set_yticks([0, 25, 50, 75, 100])
+      kv_ax.set_ylabel("KV (% of pool)", fontsize=8)
       kv_ax.tick_params(labelsize=7)
-      kv_ax.legend(loc="upper left", fontsize=7)
     spans = [(s["start_s"], max(0.0, s["end_s"] - s["start_s"]))
              for s in steps if s["instance"] == name]
     if spans:
-      ax.broken_barh(spans, (-0.6, 0.4), color="gray", alpha=0.5)
+      ax.broken_barh(spans, (-0.14 * top, 0.08 * top), facecolor="gray", edgecolor="gray",
+                     linewidth=0.5)
     for sw in role_switches:
       if sw["instance"] == name:
         ax.axvline(sw["t"], color="red", linestyle=":", linewidth=1)
         ax.annotate(f"{sw['from']}->{sw['to']}", (sw["t"], 1.0),
                     xycoords=("data", "axes fraction"), fontsize=7, color="red",
                     rotation=90, va="top", ha="right")
-    ax.set_ylabel(name)
+    ax.set_ylim(-BAND_BELOW * top, 1.08 * top)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))   # counts: no tick below 0
+    ax.set_ylabel(f"{name}\n(requests)")
     ax.grid(alpha=0.3)
-    if smp:
-      ax.legend(loc="upper right", fontsize=7)
-    elif not spans:
+    if not smp and not spans:
       _note(ax, "no samples")
-  axes[-1, 0].set_xlabel("time (s); gray band: engine steps")
-  fig.tight_layout()
+  axes[-1, 0].set_xlabel("time (s)")
+  handles = _legend_lines([("C0", "-", "queued requests"), ("C1", "-", "running sequences"),
+                           ("purple", "-", "KV used % (right)")]
+                          + [("green", "-", "KV cached, idle % (right)")] * cached
+                          + [("red", ":", "role switch")] * bool(role_switches))
+  handles.append(_legend_patch("gray", "engine step"))
+  return _save_with_legend(fig, handles, path, ncol=len(handles))
+
+
+def _legend_lines(entries: Sequence[tuple[str, str, str]]) -> list:
+  """Legend handles: a line of each (color, linestyle, label)."""
+  from matplotlib.lines import Line2D
+  return [Line2D([], [], color=c, linestyle=ls, label=label) for c, ls, label in entries]
+
+
+def _legend_patch(color: str, label: str):
+  from matplotlib.patches import Patch
+  return Patch(facecolor=color, edgecolor=color, label=label)
+
+
+LEGEND_ROW_IN = 0.25   # inches above the panels per row of the figure legend
+
+
+def _save_with_legend(fig, handles: list, path: str, ncol: int = 3) -> str:
+  """Saves fig with one legend for all its panels, centred above them."""
+  rows = -(-len(handles) // ncol)
+  fig.legend(handles=handles, loc="upper center", ncol=ncol, fontsize=8, frameon=False)
+  fig.tight_layout(rect=(0, 0, 1, 1 - rows * LEGEND_ROW_IN / fig.get_figheight()))
   return _save(fig, path)
 
 
-TIER_PANELS = (("queued", "queued per instance"), ("running", "running per instance"),
-               ("kv_used_pct", "KV pages used %"), ("busy", "busy %"))
+TIER_PANELS = (("queued", "queued requests\nper instance"),
+               ("running", "running sequences\nper instance"),
+               ("kv_used_pct", "KV pages used\n(% of pool)"), ("busy", "busy\n(% of time)"))
 
 
 def _plot_tiers(steps: Sequence[dict], samples: Sequence[dict],
                 role_switches: Sequence[dict], path: str) -> str:
   """Per tier (role, one color) and bin of timeline_bins.tier_bins: the per-instance mean
-  (line) and max (band up to it) of the queue, the running batch and the KV pages used (and
-  cached, dashed, when a prefix cache is on); the tier's busy % per bin; role switches as
-  dotted red lines."""
+  (solid) and the max held (dotted) of the queue, the running batch and the KV pages used
+  (and the mean cached, dashed, when a prefix cache is on); the tier's busy % per bin; role
+  switches as dotted red lines; one legend above the panels."""
   from pdjax.metrics.timeline_bins import tier_bins
   plt = _pyplot()
   binned = tier_bins(steps, samples)
-  fig, axes = plt.subplots(len(TIER_PANELS), 1, sharex=True, figsize=(11, 10))
+  fig, axes = plt.subplots(len(TIER_PANELS), 1, sharex=True, figsize=(11, 10.5))
   centers = (binned["edges"][:-1] + binned["edges"][1:]) / 2
   switches = [sw["t"] for sw in role_switches]
+  roles, cached = [], False
   for ax, (key, title) in zip(axes, TIER_PANELS):
     for i, (role, tier) in enumerate(binned["roles"].items()):
       color = f"C{i}"
       if key == "busy":
+        ax.plot(centers, 100 * tier["busy"], color=color, linewidth=1.2)
         n = tier["members"]
-        ax.plot(centers, 100 * tier["busy"], color=color,
-                label=f"{role} ({n} instance{'s' * (n != 1)})")
+        roles.append((color, "-", f"{role} ({n} instance{'s' * (n != 1)})"))
         continue
-      ax.plot(centers, tier[key]["mean"], color=color, linewidth=1.2, label=f"{role} mean")
-      ax.fill_between(centers, tier[key]["mean"], tier[key]["max"], color=color, alpha=0.2,
-                      linewidth=0, label=f"{role} max")
+      ax.plot(centers, tier[key]["mean"], color=color, linewidth=1.2)
+      ax.plot(centers, tier[key]["max"], color=color, linewidth=0.8, linestyle=":")
       if key == "kv_used_pct" and np.nanmax(tier["kv_cached_pct"]["max"], initial=0) > 0:
         ax.plot(centers, tier["kv_cached_pct"]["mean"], color=color, linestyle="--",
-                linewidth=1, label=f"{role} cached % mean")
+                linewidth=1)
+        cached = True
     if switches:
       ax.vlines(switches, 0, 1, transform=ax.get_xaxis_transform(), colors="red",
                 linestyles=":", linewidth=0.8)
     ax.set_ylabel(title)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=7, ncol=2)
-  axes[-1].set_xlabel("time (s)" + (f"; red dotted: {len(switches)} role switches"
-                                    if switches else ""))
-  fig.suptitle(f"{len(steps)} steps, {len(samples)} samples in {len(centers)} bins of "
-               f"{binned['width']:g} s: per-instance mean (line) and max (band) per bin",
-               fontsize=10)
-  fig.tight_layout()
-  return _save(fig, path)
+  axes[-1].set_xlabel(f"time (s); {len(steps)} steps and {len(samples)} samples in "
+                      f"{len(centers)} bins of {binned['width']:g} s")
+  handles = _legend_lines(roles + [("black", "-", "mean per instance"),
+                                   ("black", ":", "max (one instance)")]
+                          + [("black", "--", "KV pages cached, idle: mean")] * cached
+                          + [("red", ":", f"role switch ({len(switches)})")] * bool(switches))
+  return _save_with_legend(fig, handles, path, ncol=4)
 
 
 def plot_sweep_metrics(rows: Sequence[dict], path: str) -> str:
