@@ -1,19 +1,27 @@
 """Capacity planner: the placement with the highest per-chip goodput at the config's SLOs.
 
+  python -m pdjax.plan                        # configs/plan_default.py (Llama-3-8B, h100)
   python -m pdjax.plan --config=configs/distserve_repro.py [--workdir=DIR]
   python -m pdjax.plan --config.plan.chip_budget=16 --config.plan.tp_choices="(2,4,8)"
 
-Runs on the simulator (backend=sim, whatever the config says): for every placement within
-plan.chip_budget chips of sim.hardware that fits in memory — disaggregated (n_p x TP t_p
-prefill + n_d x TP t_d decode), and colocated with prefill_first and with chunked prefill —
-it searches the highest request rate (Poisson arrivals of the config's workload,
-plan.num_requests requests, more when the rate is high: at least plan.min_duration_s seconds
-of arrivals) whose SLO attainment (slo.ttft_s, slo.tpot_s) meets
-slo.attainment, and ranks placements by that rate per chip. KV pages per instance come from
-the chips' memory left after the weights (plan.mem_util of HBM).
+Without --config it plans pdjax/configs/plan_default.py, not the run's default (the `tiny` toy
+model, whose simulated numbers describe no real model). Runs on the simulator (backend=sim,
+whatever the config says): for every placement within plan.chip_budget chips of sim.hardware
+that fits in memory — disaggregated (n_p x TP t_p prefill + n_d x TP t_d decode), and
+colocated with prefill_first and with chunked prefill — it searches the highest request rate
+(Poisson arrivals of the config's workload, plan.num_requests requests, more when the rate is
+high: at least plan.min_duration_s seconds of arrivals) the placement sustains, and ranks
+placements by that rate per chip. "Sustains" is one rule for this planner and its map
+(slo_grid.RunRecord.meets): SLO attainment (slo.ttft_s, slo.tpot_s) >= slo.attainment and no
+latency growth over the run's arrivals (a queue that grows is overload, whatever the
+attainment over a short window). A search that finds no failing rate up to its cap (rate_hi x
+2^12) reports no goodput for that placement and says why (planning/plan_output.py). A trace
+workload is planned from its rows' lengths at Poisson rates (planning/workload_mix.py). KV
+pages per instance come from the chips' memory left after the weights (plan.mem_util of HBM).
 
-Writes DIR/plan.md and plan.csv (ranked), plots/plan.png, and prints the ranking's top and the
-best colocated, chunked and disaggregated placements side by side.
+Writes DIR/plan.md and plan.csv (ranked; `saturated` says whether a failing rate was found),
+plots/plan.png, and prints what ran, the best colocated, chunked and disaggregated placements
+side by side, and why any placement has no number.
 
 Map mode (plan.map=True): the same placements over a grid of SLOs (plan.map_ttft_s x
 plan.map_tpot_s), workload mixes (plan.map_mixes), models (plan.map_models) and hardware
@@ -25,7 +33,6 @@ phase diagram per model and hardware (pdjax/planning/map_mode.py; default DIR: m
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import sys
@@ -33,17 +40,34 @@ import sys
 from absl import app, flags, logging
 
 from pdjax import config as config_lib
-from pdjax import run as run_lib
-from pdjax.cli import fail
-from pdjax.planning import capacity
-from pdjax.planning.search import Placement, PlanRow, best_by_run, placements, search
+from pdjax.cli import fail, parse_flags
+from pdjax.planning import capacity, plan_output, workload_mix
+from pdjax.planning.search import Placement, PlanRow, placements, rate_cap, search
+from pdjax.planning.slo_grid import RunRecord
 
-COLUMNS = ["rank", "run", "placement", "chips", "goodput_rps", "per_chip_rps", "rates_tried"]
+PLAN_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                            "plan_default.py")
 
 
-def placement_config(cfg, mcfg, p: Placement, rate: float):
-  """The sim config of one placement at one rate (None when it does not fit in memory)."""
+def pools(cfg, mcfg, p: Placement) -> list[int] | None:
+  """Each tier's KV pages per instance from its chips' memory (None: a tier cannot hold one
+  kv.max_model_len sequence)."""
   from pdjax.sim.hardware import HARDWARE
+  out = [capacity.pool_pages(mcfg, HARDWARE[cfg.sim.hardware], tp, page_size=cfg.kv.page_size,
+                             dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
+                             mem_util=cfg.plan.mem_util, max_model_len=cfg.kv.max_model_len,
+                             max_batch=max(cfg.scheduler.decode_buckets))
+         for _, _, tp in p.tiers]
+  return None if None in out else out
+
+
+def placement_config(cfg, mcfg, p: Placement, rate: float,
+                     trace: workload_mix.TraceLengths | None = None):
+  """The sim config of one placement at one rate (None when it does not fit in memory).
+  trace: cfg's workload as resampled lengths (required when the workload is a trace)."""
+  pages = pools(cfg, mcfg, p)
+  if pages is None:
+    return None
   new = cfg.copy_and_resolve_references()
   new.backend, new.mode, new.progress = "sim", p.run, False
   if p.run == "chunked":
@@ -55,81 +79,63 @@ def placement_config(cfg, mcfg, p: Placement, rate: float):
     new.cluster.colocated.tp = p.tiers[0][2]
   else:
     new.cluster.prefill.tp = new.cluster.decode.tp = p.tiers[0][2]
-  pools = [capacity.pool_pages(mcfg, HARDWARE[cfg.sim.hardware], tp, page_size=cfg.kv.page_size,
-                               dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
-                               mem_util=cfg.plan.mem_util, max_model_len=cfg.kv.max_model_len,
-                               max_batch=max(cfg.scheduler.decode_buckets))
-           for _, _, tp in p.tiers]
-  if None in pools:
-    return None
-  for (role, _, _), pages in zip(p.tiers, pools):
-    new.cluster[role].kv_pages = pages       # each tier's pool from its own chips' memory
-  new.kv.pages_per_instance = min(pools)
+  for (role, _, _), n_pages in zip(p.tiers, pages):
+    new.cluster[role].kv_pages = n_pages     # each tier's pool from its own chips' memory
+  new.kv.pages_per_instance = min(pages)
   new.workload.rate = float(rate)
   # Enough arrivals that the window is long against a request's lifetime at every rate: a
   # fixed count at a high rate ends before queues reach their steady state.
-  new.workload.num_requests = max(cfg.plan.num_requests,
-                                  math.ceil(rate * cfg.plan.min_duration_s))
+  n = max(cfg.plan.num_requests, math.ceil(rate * cfg.plan.min_duration_s))
+  new.workload.num_requests = n
+  if cfg.workload.kind != "synthetic":
+    if trace is None:
+      raise ValueError("a trace workload is planned from its resampled lengths: pass trace")
+    for key, value in trace.workload(n, rate).items():
+      new.workload[key] = value
   return new
 
 
-def attainment(cfg, mcfg, p: Placement, rate: float) -> float:
-  run_cfg = placement_config(cfg, mcfg, p, rate)
-  summary, _, _ = run_lib.execute(run_cfg, mcfg, p.run, None, quiet=True)
-  return summary["slo_attainment"]
+def evaluate(cfg, mcfg, p: Placement, rate: float,
+             trace: workload_mix.TraceLengths | None = None) -> RunRecord:
+  """One simulated run of the placement at `rate` req/s: its per-request latencies."""
+  from pdjax import run as run_lib
+  run_cfg = placement_config(cfg, mcfg, p, rate, trace)
+  _, result, _ = run_lib.execute(run_cfg, mcfg, p.run, None, quiet=True)
+  return RunRecord.from_requests(rate, result.requests)
+
+
+def sustains(cfg):
+  """The rule of what a placement sustains, for this config's SLO (RunRecord.meets)."""
+  return lambda record: record.meets(cfg.slo.ttft_s, cfg.slo.tpot_s, cfg.slo.attainment)
 
 
 def fits(cfg, mcfg, p: Placement) -> bool:
-  return placement_config(cfg, mcfg, p, 1.0) is not None
+  return pools(cfg, mcfg, p) is not None
 
 
 def tp_ok(mcfg, tp: int) -> bool:
   return all(n % tp == 0 for n in (mcfg.num_kv_heads, mcfg.num_heads, mcfg.intermediate_size))
 
 
-def write_outputs(workdir: str, rows: list[PlanRow], cfg) -> str:
-  os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
-  table = [{"rank": i + 1, "run": r.placement.run, "placement": r.placement.describe(),
-            "chips": r.placement.chips,
-            "goodput_rps": None if r.rate is None else round(r.rate, 3),
-            "per_chip_rps": round(r.per_chip, 4), "rates_tried": len(r.points)}
-           for i, r in enumerate(rows)]
-  with open(os.path.join(workdir, "plan.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS)
-    writer.writeheader()
-    writer.writerows(table)
-  best = best_by_run(rows)
-  summary = comparison_lines(best)
-  lines = [f"# Placement plan: {cfg.plan.chip_budget} x {cfg.sim.hardware}, "
-           f"SLO TTFT {cfg.slo.ttft_s} s / TPOT {cfg.slo.tpot_s} s at "
-           f"{100 * cfg.slo.attainment:.0f}% attainment", "", *summary, "",
-           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-  lines += ["| " + " | ".join("-" if v is None else str(v) for v in row.values()) + " |"
-            for row in table]
-  with open(os.path.join(workdir, "plan.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
-  from pdjax.metrics.plots import plot_plan
-  plot_plan([(t["placement"], t["run"], t["per_chip_rps"]) for t in table],
-            os.path.join(workdir, "plots", "plan.png"))
-  return "\n".join(summary)
+def warn_if_tiny(cfg, mcfg) -> None:
+  """run_info's one-line warning for a simulated `tiny` preset, on stderr."""
+  from pdjax.metrics.run_info import backend_info, model_info, tiny_sim_warning
+  if (warning := tiny_sim_warning({"backend": backend_info(cfg),
+                                   "model": model_info(cfg, mcfg)})):
+    print(warning, file=sys.stderr)
 
 
-def comparison_lines(best: dict[str, PlanRow]) -> list[str]:
-  lines = []
-  for run in ("disaggregated", "colocated", "chunked"):
-    if run in best:
-      r = best[run]
-      lines.append(f"- best {run}: {r.placement.describe()} ({r.placement.chips} chips): "
-                   f"{r.per_chip:.3f} req/s per chip")
-  d = best.get("disaggregated")
-  for run in ("colocated", "chunked"):
-    if d and run in best and best[run].per_chip > 0:
-      lines.append(f"- disaggregated / {run}: {d.per_chip / best[run].per_chip:.2f}x "
-                   f"per-chip goodput")
-  return lines
+def check_plan(p) -> None:
+  if p.min_duration_s < 0:
+    raise config_lib.ConfigError(f"plan.min_duration_s={p.min_duration_s} must be >= 0")
+  if p.chip_budget < 2 or p.num_requests < 1 or not 0 < p.rate_lo < p.rate_hi:
+    raise config_lib.ConfigError(
+        f"plan.chip_budget={p.chip_budget} (>= 2), plan.num_requests={p.num_requests} "
+        f"(>= 1), plan.rate_lo={p.rate_lo} < plan.rate_hi={p.rate_hi} (> 0) required")
 
 
 def main(argv) -> None:
+  from pdjax import run as run_lib
   if len(argv) > 1:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
@@ -139,12 +145,7 @@ def main(argv) -> None:
     sim_cfg.backend = "sim"
     mcfg = config_lib.validate(sim_cfg)
     p = cfg.plan
-    if p.min_duration_s < 0:
-      raise config_lib.ConfigError(f"plan.min_duration_s={p.min_duration_s} must be >= 0")
-    if p.chip_budget < 2 or p.num_requests < 1 or not 0 < p.rate_lo < p.rate_hi:
-      raise config_lib.ConfigError(
-          f"plan.chip_budget={p.chip_budget} (>= 2), plan.num_requests={p.num_requests} "
-          f"(>= 1), plan.rate_lo={p.rate_lo} < plan.rate_hi={p.rate_hi} (> 0) required")
+    check_plan(p)
     if p.get("map", False):
       from pdjax.planning import map_mode
       map_mode.settings(cfg)
@@ -154,14 +155,20 @@ def main(argv) -> None:
   prefix = "map-" if p.get("map", False) else "plan-"
   workdir = run_lib.WORKDIR.value or os.path.join(os.path.dirname(default),
                                                   prefix + os.path.basename(default))
+  command = " ".join(["python -m pdjax.plan", *sys.argv[1:]])
   if p.get("map", False):
     try:
-      command = " ".join(["python -m pdjax.plan", *sys.argv[1:]])
       print(map_mode.run_map(cfg, workdir, command=command))
-    except config_lib.ConfigError as e:
+    except (config_lib.ConfigError, ValueError) as e:
       fail(f"config error: {e}")
     print(f"results: {workdir}")
     return
+  warn_if_tiny(sim_cfg, mcfg)
+  try:
+    trace = workload_mix.trace_lengths(sim_cfg, mcfg,
+                                       os.path.join(workdir, "workload_resampled.jsonl"))
+  except ValueError as e:
+    fail(f"config error: {e}")
   candidates = [c for c in placements(p.chip_budget, p.tp_choices, lambda t: tp_ok(mcfg, t))
                 if fits(sim_cfg, mcfg, c)]
   if not candidates:
@@ -171,14 +178,33 @@ def main(argv) -> None:
   done = []
   def progress(row: PlanRow) -> None:
     done.append(row)
+    if row.rate is not None:
+      found = f"{row.per_chip:.3f} req/s/chip"
+    elif row.search.rate is None:
+      found = f"fails at plan.rate_lo={p.rate_lo:g} req/s"
+    else:
+      found = f"no failing rate up to {rate_cap(p.rate_hi):g} req/s"
     print(f"[{len(done)}/{len(candidates)}] {row.placement.run} {row.placement.describe()}: "
-          f"{row.per_chip:.3f} req/s/chip", file=sys.stderr)
-  rows = search(candidates, lambda c, r: attainment(sim_cfg, mcfg, c, r),
-                target=cfg.slo.attainment, lo=p.rate_lo, hi=p.rate_hi, rel_tol=p.rel_tol,
+          f"{found}", file=sys.stderr)
+  rows = search(candidates, lambda c, r: evaluate(sim_cfg, mcfg, c, r, trace),
+                sustains(sim_cfg), lo=p.rate_lo, hi=p.rate_hi, rel_tol=p.rel_tol,
                 on_result=progress)
-  print(write_outputs(workdir, rows, cfg))
+  header = [f"command: `{command}`",
+            *plan_output.what_ran(sim_cfg, mcfg, plan_output.workload_text(sim_cfg, trace))]
+  print(plan_output.write_outputs(workdir, rows, sim_cfg, header))
   print(f"results: {workdir}")
 
 
+def entry_point() -> None:
+  """Without --config on the command line, the planner plans PLAN_DEFAULT: the flag is
+  pdjax.run's, whose default (the run's configs/default.py) ml_collections loads when the
+  flag is defined, reading sys.argv then; so argv names PLAN_DEFAULT before pdjax.run is
+  imported."""
+  if not any(a.partition("=")[0] in ("--config", "-config") for a in sys.argv[1:]):
+    sys.argv[1:1] = [f"--config={PLAN_DEFAULT}"]
+  from pdjax import run as _  # noqa: F401  (defines --config and --workdir)
+  app.run(main, flags_parser=parse_flags)
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=run_lib.parse_flags)
+  entry_point()

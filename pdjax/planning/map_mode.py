@@ -10,7 +10,14 @@ kept (slo_grid.RunRecord). Every (TTFT, TPOT) cell of plan.map_ttft_s x plan.map
 evaluated from those arrays: per placement the highest rate meeting slo.attainment, per chip;
 the best of each kind, the winner and disaggregated / best aggregated.
 
-Writes DIR/map.csv, map.md, runs.csv, runs.npz (the per-request arrays) and
+A rate counts where the placement sustains it by the plain planner's rule
+(slo_grid.RunRecord.meets: attainment >= the target and no latency growth over the run); runs
+are pdjax.plan.evaluate's, so a map and a plan of the same runs agree. The mix `workload` (or
+`config`) on a trace workload offers the trace's lengths, resampled, at Poisson rates
+(workload_mix.TraceLengths, written to DIR/workload_resampled.jsonl).
+
+Writes DIR/map.csv, map.md (opening with what ran: backend, models, mixes, SLO grid, seed; each
+mix's length percentiles above its diagrams), runs.csv, runs.npz (the per-request arrays) and
 plots/map_<model>_<hardware>.png. plan.map_runs=DIR re-evaluates a previous map's runs on the
 config's SLO grid and writes the same files, without simulating.
 """
@@ -25,7 +32,7 @@ import time
 import numpy as np
 
 from pdjax.config import ConfigError
-from pdjax.planning import capacity, map_output, mixes
+from pdjax.planning import capacity, map_output, mixes, workload_mix
 from pdjax.planning.map_search import Lattice, loosest_answer, map_placements, walk
 from pdjax.planning.slo_grid import RunRecord, cells
 
@@ -106,25 +113,32 @@ def _log(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
 
 
-def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict) -> dict:
+def combo(cfg, model: str, hw: str, mix: str, workdir: str = "", lengths: bool = True):
+  """(config, model config, trace lengths or None) of one model, hardware and mix (lengths:
+  False skips reading a trace's rows)."""
+  from pdjax import config as config_lib
+  c = cfg.copy_and_resolve_references()
+  c.backend, c.progress = "sim", False
+  c.model.preset, c.sim.hardware = model, hw
+  if cfg.plan.map_models:
+    c.model.checkpoint = ""
+  mixes.apply_mix(c.workload, mix)
+  mcfg = config_lib.validate(c)
+  path = os.path.join(workdir or ".", "workload_resampled.jsonl")
+  return c, mcfg, workload_mix.trace_lengths(c, mcfg, path) if lengths else None
+
+
+def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "") -> dict:
   """Runs the map's simulations; returns {(model, hardware, mix): [(kind, placement, chips,
   records)]} and appends runs.csv rows to runs_out and arrays to `arrays`."""
-  from pdjax import config as config_lib
   from pdjax import plan as plan_lib
-  from pdjax import run as run_lib
   p = cfg.plan
   slo_cells = [(t, q) for t in s.ttft_grid for q in s.tpot_grid]
   out = {}
   for model in s.models:
     for hw in s.hardware:
       for mix in s.mixes:
-        c = cfg.copy_and_resolve_references()
-        c.backend, c.progress = "sim", False
-        c.model.preset, c.sim.hardware = model, hw
-        if p.map_models:
-          c.model.checkpoint = ""
-        mixes.apply_mix(c.workload, mix)
-        mcfg = config_lib.validate(c)
+        c, mcfg, trace = combo(cfg, model, hw, mix, workdir)
         t0 = time.time()
         cands = map_placements(p.chip_budget, p.tp_choices,
                                lambda t: plan_lib.tp_ok(mcfg, t),
@@ -136,10 +150,8 @@ def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict) -> dict:
         for pl in cands:
           def evaluate(per_chip: float, pl=pl) -> RunRecord:
             rate = per_chip * pl.chips
-            run_cfg = plan_lib.placement_config(c, mcfg, pl, rate)
             t = time.time()
-            _, result, _ = run_lib.execute(run_cfg, mcfg, pl.run, None, quiet=True)
-            rec = RunRecord.from_requests(rate, result.requests)
+            rec = plan_lib.evaluate(c, mcfg, pl, rate, trace)
             i = len(runs_out)
             arrays.update({f"r{i}_ttft": rec.ttft, f"r{i}_tpot": rec.tpot,
                            f"r{i}_judged": rec.judged})
@@ -183,17 +195,52 @@ def load_runs(path: str) -> tuple[dict, list, dict]:
   return out, rows, arrays
 
 
+def what_ran(cfg, s: MapSettings, workdir: str, command: str) -> tuple[list[str], dict]:
+  """map.md's opening lines (what ran) and each mix's length-percentiles line; prints the
+  `tiny` warning once when a mapped model is the toy preset."""
+  from pdjax import plan as plan_lib
+  from pdjax.metrics import run_info as info_lib
+  backends, models, lengths, kinds = {}, {}, {}, {}
+  for model in s.models:
+    for hw in s.hardware:
+      c, mcfg, _ = combo(cfg, model, hw, "config", workdir, lengths=False)
+      backends[hw] = info_lib.describe_backend(info_lib.backend_info(c))
+      if model not in models:
+        models[model] = info_lib.describe_model(info_lib.model_info(c, mcfg))
+        plan_lib.warn_if_tiny(c, mcfg)      # a model is seen once: one warning at most
+  for mix in s.mixes:
+    c, mcfg, trace = combo(cfg, s.models[0], s.hardware[0], mix, workdir)
+    lengths[mix] = workload_mix.length_line(*workload_mix.mix_lengths(c, mcfg, trace))
+    w = c.workload
+    kinds[mix] = trace.describe() if trace else f"synthetic {w.preset}, {w.arrival} arrivals"
+  p, lat = cfg.plan, s.lattice
+  lines = [f"- command: `{command}`" if command else "- command: (library call)",
+           f"- backend: {' | '.join(backends.values())}",
+           f"- model: {' | '.join(models.values())}",
+           f"- workload mixes: {'; '.join(f'{m} = {k}' for m, k in kinds.items())}; at the "
+           f"lattice's rates (per chip {lat.rate_min:g} x {lat.factor:.3g}^k up to "
+           f"{lat.rate(lat.k_max):.3g}); each rate >= {p.num_requests} requests and >= "
+           f"{p.min_duration_s:g} s of arrivals",
+           f"- SLO grid: TTFT {', '.join(f'{t:g}' for t in s.ttft_grid)} s x TPOT "
+           f"{', '.join(f'{q * 1e3:g}' for q in s.tpot_grid)} ms, target "
+           f"{100 * cfg.slo.attainment:g}% attainment",
+           f"- seed: {cfg.seed}"]
+  return lines, lengths
+
+
 def run_map(cfg, workdir: str, command: str = "") -> str:
   """Simulates (or loads, plan.map_runs) and writes the map; returns the markdown summary."""
+  from pdjax.planning.plan_output import rule_line
   s = settings(cfg)
   t0 = time.time()
+  ran, lengths = what_ran(cfg, s, workdir, command)
   if cfg.plan.map_runs:
     by_combo, run_rows, arrays = load_runs(cfg.plan.map_runs)
     by_combo = {k: v for k, v in by_combo.items()       # what the settings name, if there
                 if k[0] in s.models and k[1] in s.hardware and k[2] in s.mixes}
   else:
     run_rows, arrays = [], {}
-    by_combo = simulate(cfg, s, run_rows, arrays)
+    by_combo = simulate(cfg, s, run_rows, arrays, workdir)
   os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
   target = cfg.slo.attainment
   rows, blocks = [], []
@@ -204,17 +251,14 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
   map_output.write_csv(os.path.join(workdir, "map.csv"), rows, map_output.COLUMNS)
   map_output.write_csv(os.path.join(workdir, "runs.csv"), run_rows, map_output.RUN_COLUMNS)
   np.savez_compressed(os.path.join(workdir, "runs.npz"), **arrays)
-  lat = s.lattice
   header = [f"# Where disaggregation wins: {cfg.plan.chip_budget} chips, "
-            f"{100 * target:.0f}% SLO attainment", "",
-            f"- command: `{command}`" if command else "- command: (library call)",
-            f"- {len(run_rows)} simulated runs; rates per chip {lat.rate_min:g} x "
-            f"{lat.factor:.3g}^k up to {lat.rate(lat.k_max):.3g} (a cell's goodput is the "
-            f"highest rate on this lattice meeting it); map written in "
-            f"{time.time() - t0:.0f} s",
+            f"{100 * target:.0f}% SLO attainment", "", *ran,
+            f"- rule: {rule_line(cfg)}",
+            f"- {len(run_rows)} simulated runs (a cell's goodput is the highest lattice rate "
+            f"meeting it); map written in {time.time() - t0:.0f} s",
             "- entries: winner (D disaggregated, C colocated, K chunked, = tie, - none meets "
             "the SLO) and best disaggregated / best aggregated per-chip goodput"]
-  titled = [(f"{m} on {h}, {x}", cs) for (m, h, x), cs in blocks]
+  titled = [(f"{m} on {h}, {x}", cs, [f"{x} {lengths[x]}"]) for (m, h, x), cs in blocks]
   map_output.write_markdown(os.path.join(workdir, "map.md"), header, titled,
                             s.ttft_grid, s.tpot_grid)
   for model in dict.fromkeys(m for m, _, _ in by_combo):
@@ -223,4 +267,5 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
       map_output.plot_phase(os.path.join(workdir, "plots", f"map_{model}_{hw}.png"),
                             f"{model} on {cfg.plan.chip_budget} x {hw}", panels,
                             s.ttft_grid, s.tpot_grid)
-  return "\n".join(f"{m} {h} {x}: {map_output.summary_lines(cs)}" for (m, h, x), cs in blocks)
+  return "\n".join([*(line[2:] for line in ran),
+                    *(f"{m} {h} {x}: {map_output.summary_lines(cs)}" for (m, h, x), cs in blocks)])

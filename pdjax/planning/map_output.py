@@ -74,11 +74,13 @@ def summary_lines(cells: Sequence[Cell]) -> str:
   return f"cells won: {text}"
 
 
-def write_markdown(path: str, header: Sequence[str], blocks: Sequence[tuple[str, list[Cell]]],
+def write_markdown(path: str, header: Sequence[str],
+                   blocks: Sequence[tuple[str, list[Cell], Sequence[str]]],
                    ttft_grid, tpot_grid) -> None:
+  """blocks: (title, cells, notes printed under the title, e.g. the mix's lengths)."""
   lines = list(header)
-  for title, cs in blocks:
-    lines += ["", f"## {title}", "", summary_lines(cs), "",
+  for title, cs, notes in blocks:
+    lines += ["", f"## {title}", "", *notes, "", summary_lines(cs), "",
               *text_diagram(cs, ttft_grid, tpot_grid)]
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")

@@ -14,10 +14,16 @@ exp(mu + sigma^2 / 2), so a mix given by published *medians* uses mean = median 
   azure_code   stand-in for the same trace's code requests: prompt median 1500 / output median
                13 -> means 2473 / 21.4, caps 7168 / 1024.
   config       the config's own workload section, unchanged.
+  workload     the same (both names mean the config's workload): a synthetic one runs as
+               configured at the map's rates; a trace file (workload.kind azure | mooncake |
+               burstgpt | jsonl) is offered as its rows' lengths, resampled, with Poisson
+               arrivals at the map's rates (pdjax/planning/workload_mix.py), so a map can be
+               drawn for a real trace.
 
 The Azure mixes are synthetic stand-ins from those two medians (the trace files are not
 shipped); only the medians are matched, the shapes (sigma 1) and arrivals (Poisson) are ours.
-`--config.workload.kind=azure --config.workload.path=FILE` replays the real trace instead.
+With `--config.workload.kind=azure --config.workload.path=FILE`, the mix `workload` maps the
+real trace's lengths instead (`python -m pdjax.run` on that config replays it as recorded).
 Pure Python.
 """
 
@@ -42,11 +48,13 @@ MIXES: dict[str, dict | None] = {
     "azure_conv": _lognormal(round(1020 * SQRT_E, 1), round(129 * SQRT_E, 1), 7168, 1024),
     "azure_code": _lognormal(round(1500 * SQRT_E, 1), round(13 * SQRT_E, 1), 7168, 1024),
     "config": None,
+    "workload": None,
 }
 
 
 def apply_mix(workload, name: str) -> None:
-  """Sets the mix's keys on a config's workload section (in place); "config" keeps it."""
+  """Sets the mix's keys on a config's workload section (in place); "config" and "workload"
+  keep it."""
   if name not in MIXES:
     raise KeyError(f"unknown mix {name!r} (known: {', '.join(MIXES)})")
   for key, value in (MIXES[name] or {}).items():
@@ -54,6 +62,7 @@ def apply_mix(workload, name: str) -> None:
 
 
 def longest(name: str) -> int:
-  """The longest prompt + output the mix draws (0 for "config": the config decides)."""
+  """The longest prompt + output the mix draws (0 for the config's own: the config
+  decides)."""
   mix = MIXES[name]
   return 0 if mix is None else mix["lognormal_max_prompt_len"] + mix["lognormal_max_output_len"]

@@ -3,9 +3,12 @@
 A placement is a serving run on a set of tiers: disaggregated (n_p prefill instances of TP t_p,
 n_d decode instances of TP t_d) or colocated (n instances of TP t, with prefill_first or with
 chunked prefill). For every placement within the chip budget that fits in memory, the search
-finds the highest request rate whose SLO attainment still meets the target (doubling the rate
-until it fails, then bisecting to a relative tolerance, as DistServe's placement search does
-with its simulator) and ranks placements by that rate per chip.
+finds the highest request rate the placement sustains (doubling the rate until it fails, then
+bisecting to a relative tolerance, as DistServe's placement search does with its simulator) and
+ranks placements by that rate per chip. What "sustains" means is injected (`passes`); the
+planner and its map use one rule, pdjax.planning.slo_grid.RunRecord.meets. A search that never
+finds a failing rate (every rate up to rate_cap passed) reports no goodput: its best rate is a
+lower bound, and ranking by it would rank the cap.
 """
 
 from __future__ import annotations
@@ -50,51 +53,91 @@ def placements(chip_budget: int, tp_choices: Iterable[int],
   return out
 
 
-def max_rate(attainment_at: Callable[[float], float], target: float, lo: float, hi: float,
-             rel_tol: float, max_doublings: int = 12) -> tuple[float | None, list]:
-  """The highest rate in the searched points whose attainment >= target (None when even `lo`
-  fails), and the (rate, attainment) points measured."""
-  points: list[tuple[float, float]] = []
+MAX_DOUBLINGS = 12   # the search widens [lo, hi] at most this many times: rates up to hi * 2^12
+
+
+def rate_cap(hi: float, max_doublings: int = MAX_DOUBLINGS) -> float:
+  """The highest rate the search tries."""
+  return hi * 2 ** max_doublings
+
+
+@dataclasses.dataclass
+class RateSearch:
+  rate: float | None        # the highest rate tried that passes (None: even `lo` fails)
+  records: list             # what evaluate returned, by rate
+  passed: list[bool]        # passes(record) of each record
+  saturated: bool           # a failing rate was found above `rate`
+
+  @property
+  def points(self) -> list[tuple[float, bool]]:
+    return [(r.rate, ok) for r, ok in zip(self.records, self.passed)]
+
+
+def max_rate(evaluate: Callable[[float], object], passes: Callable[[object], bool], lo: float,
+             hi: float, rel_tol: float, max_doublings: int = MAX_DOUBLINGS) -> RateSearch:
+  """The highest rate that passes: lo, then hi, doubling hi while it passes (at most
+  max_doublings times), then bisecting between the highest passing and the lowest failing
+  rate to rel_tol. evaluate(rate) returns a record with a `.rate`; passes(record) is the one
+  rule of what a rate sustains (for the planner: slo_grid.RunRecord.meets). A search whose
+  every rate passed is not saturated: its rate is a lower bound, not a capacity."""
+  records, passed = [], []
+  def points():   # next_rate_to_try's (rate, attainment) points: 1 passes, 0 fails
+    return [(r.rate, 1.0 if ok else 0.0) for r, ok in zip(records, passed)]
   for _ in range(max_doublings + 1):
-    while (rate := next_rate_to_try(points, target, lo, hi, rel_tol)) is not None:
-      points.append((rate, attainment_at(rate)))
-    passing = [r for r, a in points if a >= target]
-    if not passing or max(passing) < hi:
+    while (rate := next_rate_to_try(points(), 0.5, lo, hi, rel_tol)) is not None:
+      records.append(evaluate(rate))
+      passed.append(bool(passes(records[-1])))
+    good = [r.rate for r, ok in zip(records, passed) if ok]
+    if not good or max(good) < hi:
       break
     lo, hi = hi, 2 * hi          # hi passed: the answer is higher
-  passing = [r for r, a in points if a >= target]
-  return (max(passing) if passing else None), sorted(points)
+  order = sorted(range(len(records)), key=lambda i: records[i].rate)
+  records, passed = [records[i] for i in order], [passed[i] for i in order]
+  good = [r.rate for r, ok in zip(records, passed) if ok]
+  best = max(good) if good else None
+  saturated = any(not ok and r.rate > (best or 0.0) for r, ok in zip(records, passed))
+  return RateSearch(best, records, passed, saturated)
 
 
 @dataclasses.dataclass
 class PlanRow:
   placement: Placement
-  rate: float | None                       # req/s meeting the SLO target
-  points: list
+  search: RateSearch
 
   @property
-  def per_chip(self) -> float:
-    return 0.0 if self.rate is None else self.rate / self.placement.chips
+  def rate(self) -> float | None:
+    """The placement's goodput (req/s): None when the search found no failing rate above its
+    best (unsaturated: a lower bound only) or no passing rate."""
+    return self.search.rate if self.search.saturated else None
+
+  @property
+  def per_chip(self) -> float | None:
+    return None if self.rate is None else self.rate / self.placement.chips
 
 
-def search(candidates: list[Placement], attainment_at: Callable[[Placement, float], float],
-           *, target: float, lo: float, hi: float, rel_tol: float,
+def search(candidates: list[Placement], evaluate: Callable[[Placement, float], object],
+           passes: Callable[[object], bool], *, lo: float, hi: float, rel_tol: float,
+           max_doublings: int = MAX_DOUBLINGS,
            on_result: Callable[[PlanRow], None] | None = None) -> list[PlanRow]:
-  """Every candidate's goodput, best per-chip goodput first (ties: fewer chips, then the
-  order given)."""
+  """Every candidate's rate search; rows with a goodput first, best per-chip goodput first
+  (ties: fewer chips, then the order given), then the rows without one in the order given."""
   rows = []
   for placement in candidates:
-    rate, points = max_rate(lambda r, p=placement: attainment_at(p, r), target, lo, hi, rel_tol)
-    rows.append(PlanRow(placement, rate, points))
+    found = max_rate(lambda r, p=placement: evaluate(p, r), passes, lo, hi, rel_tol,
+                     max_doublings)
+    rows.append(PlanRow(placement, found))
     if on_result:
       on_result(rows[-1])
   order = {id(r): i for i, r in enumerate(rows)}
-  return sorted(rows, key=lambda r: (-r.per_chip, r.placement.chips, order[id(r)]))
+  ranked = sorted((r for r in rows if r.rate is not None),
+                  key=lambda r: (-r.per_chip, r.placement.chips, order[id(r)]))
+  return ranked + [r for r in rows if r.rate is None]
 
 
 def best_by_run(rows: list[PlanRow]) -> dict[str, PlanRow]:
-  """The best row of each run kind (rows already ranked)."""
+  """The best row with a goodput of each run kind (rows already ranked)."""
   best: dict[str, PlanRow] = {}
   for row in rows:
-    best.setdefault(row.placement.run, row)
+    if row.rate is not None:
+      best.setdefault(row.placement.run, row)
   return best
