@@ -21,8 +21,9 @@ Result (216 s wall, 175 s CPU, on the shared 2-core CPU; every search found a fa
   chunked 2xTP1 39.0, chunked 1xTP2 34.5, colocated 2xTP1 31.5, colocated 1xTP2 27.75,
   disaggregated 1xP(tp1) + 1xD(tp1) 22.0 req/s per chip: disaggregated / colocated 0.70x,
   / chunked 0.56x. On 2 chips a disaggregated placement has one decode instance (128 running
-  sequences) where the colocated ones have two. With 10 s windows instead of 60 s the same
-  search reads 38 / 44 / 28 for colocated / chunked / disaggregated: a short window overstates.
+  sequences) where the colocated ones have two. With 10 s windows instead of 60 s
+  (--config.plan.min_duration_s=10) the same search reads 37.5 / 43.5 / 28.5 for the TP1
+  colocated / chunked / disaggregated placements: a short window overstates by 12-30%.
 This file ships with the package; configs/plan_default.py in a clone re-exports it.
 """
 
