@@ -194,11 +194,13 @@ def test_cli_run_reports_flushes_tenants_and_fragmentation(tmp_path):
 def test_mooncake_hash_ids_become_cache_hits(tmp_path):
   """Rows naming the same hash_ids block get the same synthesized tokens, so the prefix cache
   hits them: row 2 shares block 0 with row 1 (both cut to fit max_model_len 512), row 4 is a
-  300-token prefix of block 0; rows with other blocks start cold."""
+  300-token prefix of block 0; rows with other blocks start cold. The prefix-aware router
+  sends the rows sharing block 0 where it is cached (least_loaded's ties rotate over the
+  idle instances, so it would spread them)."""
   _run_cli(tmp_path, "--config.backend=sim", "--config.mode=colocated",
            "--config.workload.kind=mooncake",
            "--config.workload.path=tests/fixtures/mooncake_small.jsonl",
-           "--config.kv.prefix_cache=True")
+           "--config.kv.prefix_cache=True", "--config.scheduler.prefill_router=kv_aware_prefix")
   reqs = [json.loads(l) for l in (tmp_path / "requests.jsonl").open()]
   # 492 = 512 - 20 new tokens; row 2 (500 tokens) reuses the 30 full pages row 1 computed,
   # row 4 (300 tokens) all 18 of its reusable full pages ((300 - 1) // 16).
