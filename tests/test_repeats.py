@@ -96,12 +96,17 @@ def _summary(ttft_p99_values):
 def test_conclusion_within_noise_when_forced_equal_and_beyond_when_apart():
   same = {m: aggregate_repeats(m, _summary([0.1, 0.2, 0.3]), [0, 1, 2]) for m in ("a", "b")}
   lines = conclusion(same)
-  assert "- TTFT p99: all within noise: a (200.0 ± 248.4), b (200.0 ± 248.4)" in lines
-  assert "- SLO attainment: all within noise: a (100.0 ± 0.0), b (100.0 ± 0.0)" in lines
-  apart = {"a": aggregate_repeats("a", _summary([0.10, 0.11, 0.12]), [0, 1, 2]),
-           "b": aggregate_repeats("b", _summary([0.50, 0.51, 0.52]), [0, 1, 2])}
-  assert ("- TTFT p99: a wins (110.0 ± 24.8), beyond the noise over b (510.0 ± 24.8, +363.6%)"
-          in conclusion(apart))
+  assert ("- TTFT p99: within noise: a (200.0 ± 248.4), b (200.0 ± 248.4; difference "
+          "+0.0 ± 0.0 paired over 3 seeds)") in lines
+  # Apart by 400 ms on every seed: the paired difference's interval excludes 0.
+  apart = {"a": aggregate_repeats("a", _summary([0.10, 0.30, 0.12]), [0, 1, 2]),
+           "b": aggregate_repeats("b", _summary([0.50, 0.70, 0.52]), [0, 1, 2])}
+  assert ("- TTFT p99: a wins (173.3 ± 273.7), beyond the noise over b (573.3 ± 273.7; "
+          "difference +400.0 ± 0.0 paired over 3 seeds)") in conclusion(apart)
+  # The same numbers on other seeds are not paired: the marginal intervals overlap.
+  other = {"a": apart["a"], "b": aggregate_repeats("b", _summary([0.50, 0.70, 0.52]), [3, 4, 5])}
+  assert ("- TTFT p99: within noise: a (173.3 ± 273.7), b (573.3 ± 273.7)"
+          in conclusion(other))
   single = {m: _summary([0.1])[0] for m in ("a", "b")}
   assert conclusion(single)[0].startswith("- One run per mode: no noise estimate")
   assert "TTFT p99 (ms)" in compare_table(apart) and BY_KEY["ttft_p99_s"].better == "lower"

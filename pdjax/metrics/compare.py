@@ -184,9 +184,36 @@ def compare_table(summaries: dict[str, dict]) -> str:
                     *(line(r) for r in rows)]) + "\n"
 
 
+def paired(a: dict, b: dict, m: Metric) -> dict | None:
+  """The interval of b - a over repeats run on the same seeds (each repeat of both modes
+  served the same workload, so a seed's own difficulty cancels); None when they were not."""
+  ra, rb = a.get("repeats"), b.get("repeats")
+  if not ra or not rb or ra["seeds"] != rb["seeds"] or ra["n"] < 2:
+    return None
+    # (a single run, or repeats on other seeds: only the marginal intervals can be compared)
+  va, vb = ra["metrics"][m.key]["values"], rb["metrics"][m.key]["values"]
+  if None in va or None in vb:
+    return None
+  return intervals.interval([y - x for x, y in zip(va, vb)])
+
+
+def _versus(summaries: dict, best: str, other: str, m: Metric) -> tuple[bool | None, str]:
+  """(other differs from best beyond the noise, how the difference reads)."""
+  diff = paired(summaries[best], summaries[other], m)
+  spec = ".1f" if m.spec == "d" else m.spec
+  if diff is not None:
+    beyond = diff["lo"] > 0 or diff["hi"] < 0
+    return beyond, (f"{other} ({cell(summaries[other], m)}; difference "
+                    f"{diff['mean'] * m.scale:+{spec}} ± {diff['half_width'] * m.scale:{spec}} "
+                    f"paired over {diff['n']} seeds)")
+  st = {x: stat(summaries[x], m) for x in (best, other)}
+  return intervals.differ(st[best], st[other]), f"{other} ({cell(summaries[other], m)})"
+
+
 def conclusion(summaries: dict[str, dict]) -> list[str]:
   """One line per metric with a better direction: which mode wins it and whether its lead
-  over each other mode exceeds the noise (non-overlapping 95% intervals)."""
+  over each other mode exceeds the noise: the 95% interval of the paired per-seed difference
+  excludes 0 (repeats on the same seeds), else the modes' 95% intervals do not overlap."""
   modes = list(summaries)
   if len(modes) < 2:
     return []
@@ -204,26 +231,21 @@ def conclusion(summaries: dict[str, dict]) -> list[str]:
       continue
     sign = 1 if m.better == "lower" else -1
     ranked = sorted(known, key=lambda mode: sign * stats[mode]["mean"])
-    best = ranked[0]
-    beaten = [o for o in ranked[1:] if intervals.differ(stats[best], stats[o])]
-    tied = [o for o in ranked[1:] if o not in beaten]
-    def show(mode: str, vs: str | None = None) -> str:
-      text = cell(summaries[mode], m)
-      base = stats[vs]["mean"] if vs else None
-      if base:   # how far from the best, relative
-        text += f", {100 * (stats[mode]['mean'] - base) / abs(base):+.1f}%"
-      return text
+    best, label = ranked[0], m.label.split(" (")[0]
     if noisy:
-      text = f"{best} lowest" if m.better == "lower" else f"{best} highest"
-      text += f" ({show(best)}); " + ", ".join(f"{o} ({show(o, best)})" for o in ranked[1:])
-    elif not beaten:
-      text = ("all within noise: " + ", ".join(f"{o} ({show(o)})" for o in ranked))
+      word = "lowest" if m.better == "lower" else "highest"
+      lines.append(f"- {label}: {best} {word} ({cell(summaries[best], m)}); " + ", ".join(
+          f"{o} ({cell(summaries[o], m)})" for o in ranked[1:]))
+      continue
+    versus = {o: _versus(summaries, best, o, m) for o in ranked[1:]}
+    beaten = [text for beyond, text in versus.values() if beyond]
+    tied = [text for beyond, text in versus.values() if not beyond]
+    if not beaten:
+      text = f"within noise: {best} ({cell(summaries[best], m)}), " + ", ".join(tied)
     else:
-      text = f"{best} wins ({show(best)}), beyond the noise over " + ", ".join(
-          f"{o} ({show(o, best)})" for o in beaten)
-      if tied:
-        text += "; within noise of " + ", ".join(f"{o} ({show(o, best)})" for o in tied)
-    lines.append(f"- {m.label.split(' (')[0]}: {text}")
+      text = (f"{best} wins ({cell(summaries[best], m)}), beyond the noise over "
+              + ", ".join(beaten) + ("; within noise of " + ", ".join(tied) if tied else ""))
+    lines.append(f"- {label}: {text}")
   return lines
 
 
