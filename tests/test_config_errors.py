@@ -41,8 +41,8 @@ CASES = [
      "'burstgpt', 'jsonl']"),
     (["--config.workload.kind=azure"],
      "config error: workload.path='' is required for kind=azure"),
-    (["--config.scheduler.chunk_budget=1000"],
-     "config error: scheduler.chunk_budget=1000 must be within [1, 512] (the largest prefill "
+    (["--config.scheduler.chunk_budget=2000"],
+     "config error: scheduler.chunk_budget=2000 must be within [1, 1792] (the largest prefill "
      "bucket)"),
     (["--config.cluster.launcher=slurm"],
      "config error: cluster.launcher='slurm' is not one of ['local', 'ray']"),
@@ -104,7 +104,7 @@ def test_validate_checks_in_process():
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(cfg)
   assert str(e.value) == ("kv.pages_per_instance=10 cannot hold one max_model_len sequence "
-                          "(32 pages)")
+                          "(116 pages)")
 
 
 @pytest.mark.parametrize("key, value, message", [

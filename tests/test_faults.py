@@ -333,6 +333,7 @@ def test_cli_sim_run_with_every_fault_on(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "pdjax.run", "--config=configs/default.py", "--config.backend=sim",
        "--config.progress=False", "--config.mode=disaggregated", "--config.debug=True",
+       "--config.repeats=1",
        "--config.workload.num_requests=300", "--config.workload.rate=200",
        "--config.faults.transfer_fail_prob=0.3", "--config.faults.transfer_delay=exp:0.002",
        "--config.kv.transfer_timeout_s=0.005", "--config.faults.slow_instance=decode-1:3@0.2",

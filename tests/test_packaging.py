@@ -70,7 +70,7 @@ def test_installed_copy_runs_the_default_config_from_elsewhere(tmp_path):
   assert where.stdout.strip() == str(target / "pdjax" / "__init__.py"), where.stderr[-2000:]
 
   overrides = ["--config.backend=sim", "--config.mode=disaggregated",
-               "--config.workload.num_requests=6", "--config.progress=False",
+               "--config.workload.num_requests=6", "--config.progress=False", "--config.repeats=1",
                "--config.compile_cache_dir="]
   runs = {"script": [str(target / "bin" / "pdjax")],
           "module": [sys.executable, "-m", "pdjax.run"]}

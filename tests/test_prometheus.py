@@ -28,6 +28,7 @@ def run():
   cfg.backend, cfg.mode = "sim", "disaggregated"
   cfg.workload.num_requests, cfg.workload.preset, cfg.workload.rate = 40, "rag", 200.0
   cfg.kv.prefix_cache, cfg.kv.pages_per_instance, cfg.kv.transfer_retries = True, 32, 0
+  cfg.kv.max_model_len = 512     # 32 pages hold one sequence
   cfg.faults.transfer_fail_prob, cfg.faults.cancel_prob = 0.3, 0.1
   mcfg = config_lib.validate(cfg)
   return execute(cfg, mcfg, "disaggregated", None, quiet=True)

@@ -6,7 +6,10 @@ Smoke: python -m pdjax.run --config=configs/default.py:smoke   (a few requests, 
 Colocated: 4 instances x TP2, once with prefill_first and once with chunked prefill ("chunked").
 Disaggregated: 2 prefill x TP2 + 2 decode x TP2. Same seeded workload for all three: Poisson
 arrivals mixing short chat requests with long document requests.
-Expect a side-by-side table; on a 2-core CPU the whole run takes about a minute.
+Each run 5 times (seeds 0..4). Expect a side-by-side table of mean ± 95% interval and
+compare.md's conclusion: disaggregation protects the chats' TPOT from the documents' prefills
+(TPOT p99, SLO attainment) and pays a KV transfer; the command takes a few minutes on a
+2-core CPU (README.md has its output).
 This file ships with the package (pdjax/configs/default.py); configs/default.py in a clone
 re-exports it.
 """
@@ -21,8 +24,8 @@ def get_config(arg=None):
   c.mode = "compare"                       # colocated | disaggregated | compare (all three:
                                            # colocated, chunked, disaggregated)
   c.seed = 0                               # seeds the workload, random weights, routers, faults
-  c.repeats = 1                            # each run N times, seeds seed..seed+N-1: tables show
-                                           #   mean ± 95% interval (N >= 2 for an interval)
+  c.repeats = 5                            # each run N times, seeds seed..seed+N-1: tables show
+                                           #   mean ± 95% interval (N >= 2); absent: 1
   c.backend = "jax"                        # jax (real engine) | sim (cost model, virtual clock)
   c.num_cpu_devices = 8                    # virtual devices when the platform is CPU
   c.compile_cache_dir = "~/.cache/pdjax/xla"   # JAX persistent compilation cache; "" = off
@@ -51,8 +54,8 @@ def get_config(arg=None):
 
   c.kv = ml_collections.ConfigDict()
   c.kv.page_size = 16                      # tokens per KV page
-  c.kv.pages_per_instance = 256            # KV pool per instance (pages)
-  c.kv.max_model_len = 512                 # prompt + generated tokens per sequence
+  c.kv.pages_per_instance = 512            # KV pool per instance (pages)
+  c.kv.max_model_len = 1856                # prompt + generated tokens per sequence
   c.kv.prefix_cache = False                # reuse cached full pages of equal prefixes
   c.kv.cache_pages = 0                     # most pages cached per instance (0: the pool)
   c.kv.ttl_s = 0.0                         # cached pages idle longer are dropped (0: never)
@@ -72,7 +75,7 @@ def get_config(arg=None):
   c.kv.lease_s = 60.0                      # prefill KV no decode instance pulls: reclaimed (0: never)
 
   c.scheduler = ml_collections.ConfigDict()
-  c.scheduler.prefill_buckets = (64, 128, 256, 512)   # packed prompt tokens per prefill step
+  c.scheduler.prefill_buckets = (128, 512, 1792)      # packed prompt tokens per prefill step
   c.scheduler.max_prefill_seqs = 4                    # most sequences per prefill step
   c.scheduler.decode_buckets = (4, 8, 16)             # sequences per decode step
   c.scheduler.prefill_router = "least_loaded"   # round_robin|random|least_loaded|power_of_two|
@@ -82,7 +85,7 @@ def get_config(arg=None):
   c.scheduler.admission = "none"                # none|queue_bound|predicted_slo
   c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)
   c.scheduler.role_switch = "none"              # none|queue_balance
-  c.scheduler.chunk_budget = 128                # tokens per chunked-prefill step
+  c.scheduler.chunk_budget = 256                # tokens per chunked-prefill step
   c.scheduler.overlap = "auto"                  # dispatch the next step before a decode step's
                                                 #   tokens reach the host: auto (TPU/GPU on,
                                                 #   CPU off) | true | false
@@ -94,11 +97,15 @@ def get_config(arg=None):
   c.scheduler.role_switch_queued_tokens = 1024  # queue_balance: prefill backlog per instance
 
   c.workload = default_workload_config()   # kind, preset, arrival, rate, num_requests, ...
-  c.workload.num_requests = 64
+  # The default experiment: 75% short chats among long documents (1024-1792 prompt tokens):
+  # a document's prefill stalls the chats decoding beside it (colocated), or runs on its own
+  # tier and pays a KV transfer (disaggregated). 40 requests at 8 req/s, 5 seeds.
+  c.workload.num_requests = 40
   c.workload.rate = 8.0                    # requests per second (Poisson)
+  c.workload.doc_prompt_len = (1024, 1792)
 
   c.sampling = ml_collections.ConfigDict(dict(temperature=0.0))   # temperature: 0 = greedy
-  c.slo = ml_collections.ConfigDict(dict(ttft_s=1.0, tpot_s=0.1, attainment=0.9))
+  c.slo = ml_collections.ConfigDict(dict(ttft_s=0.3, tpot_s=0.01, attainment=0.9))
   # ttft_s: SLO on the time to first token (s)
   # tpot_s: SLO on the time per output token (s); a request meets the SLO when both hold
   # attainment: share of requests meeting the SLO that counts as a pass (pdjax.plan)
@@ -153,8 +160,13 @@ def get_config(arg=None):
   c.plan.map_runs = ""                     # a previous map's DIR: re-evaluate its runs only
 
   if arg == "smoke":                       # a few requests, for tests
+    c.repeats = 1
     c.workload.num_requests = 8
     c.workload.rate = 20.0
+    c.workload.doc_prompt_len = (192, 448)
+    c.kv.pages_per_instance = 256
+    c.kv.max_model_len = 512
+    c.slo.ttft_s, c.slo.tpot_s = 1.0, 0.1
     c.scheduler.prefill_buckets = (64, 512)
     c.scheduler.decode_buckets = (4, 16)
     c.scheduler.chunk_budget = 64

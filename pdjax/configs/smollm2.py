@@ -27,6 +27,7 @@ CHECKPOINT = os.path.join(os.path.expanduser(os.environ.get("PDJAX_CACHE_DIR")
 def get_config(arg=None):
   c = default.get_config()
   c.model.checkpoint = CHECKPOINT
+  c.repeats = 1                           # a real model on a CPU: one run per mode
   c.model.dtype = "float32"
   c.cluster.colocated.instances, c.cluster.colocated.tp = 2, 1
   c.cluster.prefill.instances, c.cluster.prefill.tp = 1, 1
