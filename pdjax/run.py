@@ -161,6 +161,13 @@ def _file_state(path: str):
   return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+def run_info_of(cfg, mcfg, run: str, **kwargs) -> dict:
+  """summary.json's run_info of one run of cfg (pdjax.metrics.run_info.run_info)."""
+  from pdjax.metrics.run_info import run_info
+  return run_info(cfg, mcfg, run, config_lib.tiers(cfg)[config_lib.RUNS[run]],
+                  devices=_devices(cfg), **kwargs)
+
+
 def _devices(cfg) -> dict | None:
   """The real engine's devices as run_info names them (None on the simulator)."""
   if cfg.backend == "sim":
@@ -180,7 +187,6 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   ray_cluster: a started `distributed.launcher.RayCluster` (cluster.launcher=ray): each
   instance is an actor in its own process, stopped when the run's summary is taken."""
   from pdjax import serving
-  from pdjax.metrics.run_info import run_info
   from pdjax.workload.loader import load_workload
 
   mode, instances, serve_kwargs = build_run(cfg, mcfg, run, host_params, ray_cluster)
@@ -204,8 +210,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
     serving.check_outputs_alone(result.requests, mcfg, as_host(host_params),
                                 dtype=cfg.model.dtype)
   summary = summarize_run(cfg, run, result, instances, problems)
-  summary["run_info"] = run_info(cfg, mcfg, run, config_lib.tiers(cfg)[mode],
-                                 devices=_devices(cfg), requests=len(requests))
+  summary["run_info"] = run_info_of(cfg, mcfg, run, requests=len(requests))
   if ray_cluster is not None:
     ray_cluster.release(instances)   # their processes end; the next run starts its own
   return summary, result, instances

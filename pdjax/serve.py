@@ -87,6 +87,8 @@ def main(argv) -> None:
   with run_lib.ray_cluster_for(cfg) as ray_cluster:
     result, instances = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name)
     summary = run_lib.summarize_run(cfg, run, result, instances)
+    summary["run_info"] = run_lib.run_info_of(cfg, mcfg, run, workload={
+        "kind": "http", "requests": len(result.requests)})
   run_lib.write_outputs(workdir, cfg, run, summary, result)
   print(f"results: {workdir}", flush=True)
 

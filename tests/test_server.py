@@ -200,6 +200,9 @@ def test_shutdown_writes_the_run_and_metrics_match_it(disagg):
           for l in open(os.path.join(disagg.workdir, "requests.jsonl"))}
   summary = json.load(open(os.path.join(disagg.workdir, "summary.json")))
   assert summary["kv_pages_leaked"] == 0
+  assert summary["run_info"]["workload"] == {"kind": "http", "requests": len(rows)}
+  assert summary["run_info"]["placement"]["run"] == "disaggregated"
+  assert summary["run_info"]["backend"]["name"] == "jax"
   cancelled = {rid for rid, r in rows.items() if r["status"] == "cancelled"}
   assert cancelled == disagg.state["disconnected"]
   assert {r["reason"] for rid, r in rows.items() if rid in cancelled} == {

@@ -87,11 +87,13 @@ def workload_info(cfg, requests: int | None = None) -> dict:
 
 
 def run_info(cfg, mcfg, run: str, tiers, *, devices: dict | None = None,
-             requests: int | None = None) -> dict:
+             requests: int | None = None, workload: dict | None = None) -> dict:
   """summary.json's run_info for one run (run: colocated | chunked | disaggregated; tiers:
-  its (role, instances, tp) list; requests: how many the workload loaded)."""
+  its (role, instances, tp) list; requests: how many the workload loaded; workload: instead
+  of the config's, e.g. {"kind": "http", "requests": n} for what a server was sent)."""
   return {"backend": backend_info(cfg, devices), "model": model_info(cfg, mcfg),
-          "placement": placement_info(run, tiers), "workload": workload_info(cfg, requests),
+          "placement": placement_info(run, tiers),
+          "workload": workload or workload_info(cfg, requests),
           "slo": {"ttft_s": float(cfg.slo.ttft_s), "tpot_s": float(cfg.slo.tpot_s),
                   "attainment": float(cfg.slo.attainment)},
           "seed": int(cfg.seed)}
@@ -111,6 +113,8 @@ def describe_model(m: dict) -> str:
 
 
 def describe_workload(w: dict) -> str:
+  if w["kind"] == "http":
+    return f"requests sent over HTTP, {w['requests']} served"
   if w["kind"] == "synthetic":
     return (f"synthetic {w['preset']}, {w['requests']} requests, {w['arrival']} "
             f"at {w['rate']:g} req/s")
