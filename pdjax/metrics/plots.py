@@ -243,7 +243,8 @@ def _plot_tiers(steps: Sequence[dict], samples: Sequence[dict],
 
 
 def plot_sweep_metrics(rows: Sequence[dict], path: str) -> str:
-  """Per sweep point (x: its label), one line per run: SLO attainment, TTFT p99, TPOT p99."""
+  """Per sweep point (x: its label), one line per run: SLO attainment, TTFT p99, TPOT p99
+  (the mean over repeats, with the 95% interval as an error bar when the row has `<key>_hw`)."""
   plt = _pyplot()
   fig, axes = plt.subplots(1, 3, figsize=(15, 4))
   labels = list(dict.fromkeys(r["label"] for r in rows))
@@ -255,13 +256,15 @@ def plot_sweep_metrics(rows: Sequence[dict], path: str) -> str:
       _note(ax)
       continue
     for run in dict.fromkeys(r["run"] for r in rows):
-      points = [(labels.index(r["label"]), r[key]) for r in rows
+      points = [(labels.index(r["label"]), r[key], r.get(f"{key}_hw") or 0.0) for r in rows
                 if r["run"] == run and r[key] is not None]
       if points:
-        ax.plot(*zip(*points), marker="o", label=run)
+        x, y, err = zip(*points)
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=run)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
     ax.legend(fontsize=7)
+  fig.tight_layout()   # the rotated point labels stay inside the figure
   return _save(fig, path)
 
 
