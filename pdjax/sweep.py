@@ -165,7 +165,8 @@ def main(argv) -> None:
   if goodput:
     with open(os.path.join(workdir, "sweep.md"), "a") as f:
       f.write("\n## Per-chip goodput (highest swept rate with mean attainment >= "
-              f"{base.slo.attainment})\n\n| run | rate (req/s) | chips | per chip |\n|---|---|---|---|\n")
+              f"{base.slo.attainment})\n\n| run | rate (req/s) | chips | per chip |\n"
+              "|---|---|---|---|\n")
       for run, g in goodput.items():
         f.write(f"| {run} | {g['rate']} | {g['chips']} | "
                 f"{'-' if g['per_chip'] is None else round(g['per_chip'], 3)} |\n")

@@ -4,12 +4,12 @@ tier and the KV transfer and is prefilled on the decode instance, between its de
 Run:   python -m pdjax.sweep --config=configs/ablate_path.py       (the simulator; 21 s here)
 
 Intended backend: the simulator (deterministic per seed). Llama-3-8B (bf16) on H100s
-(roofline), 1 prefill + 1 decode instance at TP1 (NVLink between them), the default's mix:
+(roofline), 1 prefill + 1 decode instance at TP1 (NVLink between them), a chat + document mix:
 75% chats (prompts 16-64, outputs 16-48) among documents (prompts 768-1536, outputs 8-24),
-1000 requests at 70 req/s (the prefill instance ~80% busy), 5 seeds; SLO TTFT 250 ms / TPOT
-50 ms. The thresholds follow the mix: 0 (always disaggregated), 32 (half the chats local),
-64 (every chat; 128-768 would be the same split), 1024 (the chats and a third of the
-documents), 1537 (everything on the decode instance; the prefill tier idles).
+1000 requests at 70 req/s (the prefill instance ~77% busy at threshold 0), 5 seeds; SLO TTFT
+250 ms / TPOT 50 ms. The thresholds follow the mix: 0 (always disaggregated), 32 (half the
+chats local), 64 (every chat; 128-768 would be the same split), 1024 (the chats and a third
+of the documents), 1537 (everything on the decode instance; the prefill tier idles).
 
 Result (5 seeds, mean ± 95% half-width; "paired": the per-seed difference, beyond the noise
 when its interval excludes 0):

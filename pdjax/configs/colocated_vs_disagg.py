@@ -6,9 +6,9 @@ Run:   python -m pdjax.sweep --config=configs/colocated_vs_disagg.py   (the simu
 Intended backend: the simulator (deterministic per seed; the tiny model on a CPU answered
 this within its noise, see experiments/colocated_vs_disagg/). Llama-3-8B (bf16) on 2 H100s
 (roofline): colocated = 2 x TP1 (prefill first), chunked = the same with 512-token chunks,
-disaggregated = 1 prefill + 1 decode x TP1. The default's mix (75% chats, prompts 16-64,
+disaggregated = 1 prefill + 1 decode x TP1. A chat + document mix (75% chats, prompts 16-64,
 outputs 16-48, among documents of 768-1536 prompt tokens, outputs 8-24), 1000 requests per
-run at 20-100 req/s, 5 seeds; the default's SLO: TTFT 300 ms, TPOT 10 ms. sweep.md ends with
+run at 20-100 req/s, 5 seeds; the default's SLO, TTFT 300 ms, TPOT 10 ms. sweep.md ends with
 each run's per-chip goodput (the highest swept rate whose mean attainment >= 90%, / 2 chips).
 
 Result (5 seeds, mean ± 95% half-width; "paired": the per-seed difference to the best run

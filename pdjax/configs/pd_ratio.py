@@ -7,7 +7,7 @@ Run:   python -m pdjax.sweep --config=configs/pd_ratio.py            (the simula
 Intended backend: the simulator (deterministic per seed). Llama-3-8B (bf16) on H100s
 (roofline), 1000 requests per run, 5 seeds; SLO TTFT 250 ms / TPOT 50 ms. Each mix at a rate
 near what the 4 chips sustain:
-  default    the default's mix: 75% chats (prompts 16-64, outputs 16-48) among documents
+  default    chats and documents: 75% chats (prompts 16-64, outputs 16-48) among documents
              (prompts 768-1536, outputs 8-24): prefill-heavy; 150 req/s.
   :sharegpt  ShareGPT-like (planning/mixes.py sharegpt: log-normal, prompt mean 161, output
              mean 338, caps 1024 / 1024): decode-heavy; 80 req/s.
