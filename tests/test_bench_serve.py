@@ -231,8 +231,7 @@ def test_cli_writes_the_result(serve, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--config.workload.bogus=1"],
-     "config error: unknown config key 'workload.bogus' (in --config.workload.bogus=1)"),
+    (["--config.workload.bogus=1"], "config error: no key workload.bogus"),
     (["--config.workload.rate=-1"],
      "config error: workload.rate=-1.0 must be > 0 (requests per second)"),
     (["--config.model.preset=nope"],
