@@ -84,3 +84,21 @@ def test_a_call_that_raises_hands_its_exception_back():
   inbox.close()
   thread.join(timeout=10)
   assert not thread.is_alive()
+
+
+def test_a_closed_inbox_wakes_its_driver_once_then_waits():
+  inbox = Inbox()
+  inbox.close()
+  start = time.monotonic()
+  inbox.wait(5.0)                                # the close wakes a waiting driver at once
+  assert time.monotonic() - start < 1.0
+  assert inbox.take() == [] and inbox.closed
+  start = time.monotonic()
+  inbox.wait(0.3)                                # then it waits out its timeout: no spinning
+  assert time.monotonic() - start >= 0.3
+  req = _req(0, 4, 2)
+  inbox.cancel(req)                              # ...unless something arrives
+  start = time.monotonic()
+  inbox.wait(5.0)
+  assert time.monotonic() - start < 1.0
+  assert inbox.take() == [("cancel", req)]

@@ -54,14 +54,17 @@ class Inbox:
       return bool(self._items)
 
   def take(self) -> list[tuple[str, object]]:
+    """What arrived since the last take. It also consumes the wake-up: after `close`, `wait`
+    still blocks until something new arrives (a cancellation, a call) or its timeout, so a
+    closed inbox does not spin a driver whose requests wait on timed events."""
     with self._lock:
       items, self._items = self._items, []
-      if not self._closed:
-        self._ready.clear()
+      self._ready.clear()
     return items
 
   def wait(self, timeout_s: float) -> None:
-    """Blocks until something arrives, the inbox closes, or timeout_s."""
+    """Blocks until something arrives, the inbox closes (once: the next `take` consumes it),
+    or timeout_s."""
     self._ready.wait(max(timeout_s, 0.0))
 
   def _put(self, kind: str, payload) -> None:
