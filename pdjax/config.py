@@ -212,6 +212,9 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   """Raises ConfigError on the first bad value; returns the model config."""
   _require(cfg.mode in MODES, "mode", cfg.mode, f"is not one of {list(MODES)}")
   _require(cfg.backend in ("jax", "sim"), "backend", cfg.backend, "is not one of ['jax', 'sim']")
+  limit = cfg.get("server", {}).get("max_body_bytes", 1)
+  _require(isinstance(limit, int) and limit >= 1, "server.max_body_bytes", limit,
+           "must be an integer >= 1")
   repeats = cfg.get("repeats", 1)
   _require(isinstance(repeats, int) and repeats >= 1, "repeats", repeats,
            "must be an integer >= 1")

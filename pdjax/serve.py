@@ -108,7 +108,8 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
                         metrics=metrics, **serve_kwargs)
   engine.start()
   web = make_app(engine, model_name=name, max_model_len=cfg.kv.max_model_len,
-                 vocab_size=mcfg.vocab_size, metrics=metrics)
+                 vocab_size=mcfg.vocab_size, metrics=metrics,
+                 max_body_bytes=int(cfg.server.max_body_bytes))
   server = _Server(uvicorn.Config(web, host=_HOST.value, port=_PORT.value, log_level="warning",
                                   timeout_graceful_shutdown=_GRACE.value), engine)
   print(f"serving {name!r} ({run}) on http://{_HOST.value}:{_PORT.value}", flush=True)

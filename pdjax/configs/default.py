@@ -113,6 +113,8 @@ def get_config(arg=None):
   c.output = ml_collections.ConfigDict()
   c.output.trace_steps = "auto"            # trace.json: auto (every step up to 200,000, then
                                            #   binned per instance and time) | full (every step)
+  c.server = ml_collections.ConfigDict()   # python -m pdjax.serve
+  c.server.max_body_bytes = 4 * 1024 * 1024   # a larger request body is refused (413)
   c.debug = False                          # invariants after every scheduler turn; jax: each greedy
                                            # output == the same request run alone (slow)
 

@@ -5,6 +5,17 @@ from __future__ import annotations
 from pdjax.request import Request
 
 
+# The first words of every reason rejection_reason gives: a request refused with one can never
+# be served on this cluster (the server answers 400, not a retryable 429).
+PERMANENT_PREFIXES = ("empty prompt", "prompt token id ", "max_new_tokens=",
+                      "prompt_len + max_new_tokens = ", "needs ")
+
+
+def is_permanent(reason: str) -> bool:
+  """Whether a rejection reason is one of rejection_reason's (never servable here)."""
+  return reason.startswith(PERMANENT_PREFIXES)
+
+
 def rejection_reason(req: Request, *, max_model_len: int, pool_pages: int, page_size: int,
                      vocab_size: int = 0) -> str | None:
   """Why a request can never be served on this cluster, or None if it can. (A prompt longer

@@ -1,10 +1,13 @@
 """The HTTP endpoints (FastAPI): /v1/completions, /v1/chat/completions (whole answers or SSE
 streams of `data: {...}` chunks ending with `data: [DONE]`), /v1/models, /health, /metrics.
 
-Status codes: 400 for a request the server refuses to run (bad JSON, an unknown parameter or
-model, an empty or over-long prompt: protocol.py), 429 when admission control rejects it (the
-reason as the message), 503 while the server drains, 500 when the engine failed the request
-(the reason). A client that disconnects (mid-stream, or while waiting for a whole answer) has
+Status codes, every one with OpenAI's error body {"error": {"message", "type", "param",
+"code"}}: 400 for a request the server refuses to run (bad JSON, an unknown parameter, model or
+role, a chat template that refuses the messages, an empty or over-long prompt: protocol.py;
+one the cluster can never serve), 413 for a body over max_body_bytes, 429 when admission
+control or a tenant's quota rejects it for now (the reason as the message), 503 while the
+server drains or no instance can take it, 500 when the engine failed the request (the
+reason). A client that disconnects (mid-stream, or while waiting for a whole answer) has
 its request cancelled at once: its pages are freed on every tier.
 """
 
@@ -15,20 +18,48 @@ import json
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdjax.request import Status
 from pdjax.server import protocol
 from pdjax.server.engine import Draining, OnlineEngine
 
 DISCONNECT_POLL_S = 0.5   # a non-streaming request checks for its client this often
+MAX_BODY_BYTES = 4 * 1024 * 1024   # server.max_body_bytes' default: a larger body gets 413
+
+
+async def read_body(http: HttpRequest, limit: int) -> bytes:
+  """The request body, refused (413) as soon as it is known to pass `limit` bytes: from its
+  Content-Length, else while it streams in (never held whole beyond the limit)."""
+  too_big = protocol.ApiError(413, f"the request body is larger than {limit} bytes "
+                              f"(server.max_body_bytes)")
+  length = http.headers.get("content-length", "")
+  if length.isdigit() and int(length) > limit:
+    raise too_big
+  chunks, size = [], 0
+  async for piece in http.stream():
+    size += len(piece)
+    if size > limit:
+      raise too_big
+    chunks.append(piece)
+  return b"".join(chunks)
 
 
 def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab_size: int,
-             metrics=None, lifespan=None) -> FastAPI:
+             metrics=None, lifespan=None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
   app = FastAPI(title="pdjax", lifespan=lifespan)
+  max_prompt_chars = protocol.max_prompt_chars_for(engine.tokenizer, max_model_len)
 
   def error(e: protocol.ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
+
+  @app.exception_handler(StarletteHTTPException)
+  async def http_error(_, e: StarletteHTTPException):   # unknown route, wrong method: OpenAI's
+    return error(protocol.ApiError(e.status_code, str(e.detail)))   # error body, not FastAPI's
+
+  @app.exception_handler(Exception)
+  async def server_error(_, e: Exception):   # a bug: answered in OpenAI's shape, then re-raised
+    return error(protocol.ApiError(500, f"internal error: {type(e).__name__}: {e}"))
 
   @app.get("/health")
   async def health():
@@ -57,11 +88,14 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
     arrival_s = engine.clock.now()    # on receipt: parsing and tokenizing count as queue time
     try:
       try:
-        body = json.loads(await http.body())
+        body = json.loads(await read_body(http, max_body_bytes))
       except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise protocol.ApiError(400, f"the request body is not valid JSON: {e}") from None
-      g = protocol.parse(body, chat=chat, model_name=model_name, tokenizer=engine.tokenizer,
-                         max_model_len=max_model_len, vocab_size=vocab_size)
+      # Tokenizing and rendering a template take time: off the event loop, which serves
+      # every other stream meanwhile.
+      g = await asyncio.to_thread(
+          protocol.parse, body, chat=chat, model_name=model_name, tokenizer=engine.tokenizer,
+          max_model_len=max_model_len, vocab_size=vocab_size, max_prompt_chars=max_prompt_chars)
       if g.stop and engine.tokenizer is None:
         raise protocol.ApiError(400, "stop strings need a tokenizer; this server has none",
                                 "stop")
@@ -100,8 +134,9 @@ def _refusal(engine: OnlineEngine, req) -> protocol.ApiError | None:
   """Why an ended request got no answer (None: it finished)."""
   if req.status is Status.FINISHED:
     return None
-  if req.status is Status.REJECTED:
-    return protocol.ApiError(503 if engine.draining else 429, req.reason)
+  if req.status is Status.REJECTED:   # never servable 400, for now 429, no capacity 503
+    return protocol.ApiError(protocol.refusal_status(req.reason, draining=engine.draining),
+                             req.reason)
   if req.status is Status.CANCELLED:
     return protocol.ApiError(503 if engine.draining else 499, req.reason)
   return protocol.ApiError(500, req.reason or f"request {req.status.value}")

@@ -22,6 +22,7 @@ COMPLETION_KEYS = COMMON | {"prompt"}
 CHAT_KEYS = COMMON | {"messages", "max_completion_tokens"}
 DEFAULT_COMPLETION_TOKENS = 16      # OpenAI's (and vLLM's) default for /v1/completions
 MAX_STOPS = 4
+ROLES = ("system", "user", "assistant", "tool")
 
 
 class ApiError(Exception):
@@ -32,8 +33,9 @@ class ApiError(Exception):
     self.status, self.message, self.param = status, message, param
 
   def body(self) -> dict:
-    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
-            503: "service_unavailable"}.get(self.status, "server_error")
+    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+            405: "invalid_request_error", 413: "invalid_request_error",
+            429: "rate_limit_error", 503: "service_unavailable"}.get(self.status, "server_error")
     return {"error": {"message": self.message, "type": kind, "param": self.param,
                       "code": self.status}}
 
@@ -54,8 +56,10 @@ class Generation:
 
 
 def parse(body, *, chat: bool, model_name: str, tokenizer, max_model_len: int,
-          vocab_size: int) -> Generation:
-  """Checks a request body; raises ApiError(400) naming the first problem."""
+          vocab_size: int, max_prompt_chars: int | None = None) -> Generation:
+  """Checks a request body; raises ApiError(400) naming the first problem. max_prompt_chars:
+  text longer than this cannot fit in max_model_len tokens (max_prompt_chars_for) and is
+  refused before it is tokenized or rendered."""
   if not isinstance(body, dict):
     raise ApiError(400, "the request body must be a JSON object")
   keys = CHAT_KEYS if chat else COMPLETION_KEYS
@@ -69,7 +73,8 @@ def parse(body, *, chat: bool, model_name: str, tokenizer, max_model_len: int,
   n = body.get("n")
   if n is not None and n != 1:
     raise ApiError(400, f"n={n!r} is not supported (only n=1)", "n")
-  prompt_ids = _chat_ids(body, tokenizer) if chat else _prompt_ids(body, tokenizer)
+  prompt_ids = (_chat_ids(body, tokenizer, max_prompt_chars) if chat
+                else _prompt_ids(body, tokenizer, max_prompt_chars))
   if not prompt_ids:
     raise ApiError(400, "the prompt is empty", "messages" if chat else "prompt")
   bad = next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
@@ -107,7 +112,23 @@ def parse(body, *, chat: bool, model_name: str, tokenizer, max_model_len: int,
                     ignore_eos=_bool(body, "ignore_eos", False))
 
 
-def _prompt_ids(body: dict, tokenizer) -> list[int]:
+def max_prompt_chars_for(tokenizer, max_model_len: int) -> int | None:
+  """The most characters a text prompt of max_model_len tokens can have: no token's text is
+  longer than its vocabulary entry (byte-level entries spell a character with 1-4 symbols),
+  so more characters than max_model_len x the longest entry need more tokens than fit."""
+  vocab = getattr(tokenizer, "vocab_strings", None)
+  if not vocab:
+    return None
+  return max_model_len * max(len(t) for t in vocab)
+
+
+def _check_chars(n: int, max_prompt_chars: int | None, param: str) -> None:
+  if max_prompt_chars is not None and n > max_prompt_chars:
+    raise ApiError(400, f"the prompt has {n} characters, more than the {max_prompt_chars} "
+                   f"that max_model_len tokens can hold", param)
+
+
+def _prompt_ids(body: dict, tokenizer, max_prompt_chars: int | None = None) -> list[int]:
   prompt = body.get("prompt")
   if isinstance(prompt, list) and prompt and not all(_is_int(t) for t in prompt):
     if len(prompt) != 1:
@@ -117,13 +138,14 @@ def _prompt_ids(body: dict, tokenizer) -> list[int]:
     if tokenizer is None:
       raise ApiError(400, "text prompts need a tokenizer; this server has none (send token "
                      "ids)", "prompt")
+    _check_chars(len(prompt), max_prompt_chars, "prompt")
     return tokenizer.encode(prompt) if prompt else []
   if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
     return list(prompt)
   raise ApiError(400, "prompt must be a string or a list of token ids", "prompt")
 
 
-def _chat_ids(body: dict, tokenizer) -> list[int]:
+def _chat_ids(body: dict, tokenizer, max_prompt_chars: int | None = None) -> list[int]:
   messages = body.get("messages")
   if not isinstance(messages, list) or not messages:
     raise ApiError(400, "messages must be a non-empty list", "messages")
@@ -131,6 +153,9 @@ def _chat_ids(body: dict, tokenizer) -> list[int]:
   for m in messages:
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
       raise ApiError(400, "each message must be an object with a role and content", "messages")
+    if m["role"] not in ROLES:
+      raise ApiError(400, f"message role {m['role']!r} is not one of {', '.join(ROLES)}",
+                     "messages")
     content = m.get("content")
     if isinstance(content, list):   # [{"type": "text", "text": ...}, ...]
       if not all(isinstance(p, dict) and p.get("type") == "text"
@@ -143,7 +168,12 @@ def _chat_ids(body: dict, tokenizer) -> list[int]:
   if tokenizer is None or tokenizer.chat_template is None:
     raise ApiError(400, "chat requests need a chat template; this server's model has none",
                    "messages")
-  return tokenizer.encode_chat(plain)
+  _check_chars(sum(len(m["content"]) for m in plain), max_prompt_chars, "messages")
+  from pdjax.text.tokenizer import TextError
+  try:
+    return tokenizer.encode_chat(plain)
+  except TextError as e:   # the template refused the chat (raise_exception): the client's error
+    raise ApiError(400, str(e), "messages") from None
 
 
 def _stops(body: dict) -> tuple[str, ...]:
@@ -187,6 +217,17 @@ def _bool(body: dict, key: str, default: bool) -> bool:
   if not isinstance(v, bool):
     raise ApiError(400, f"{key}={v!r} must be true or false", key)
   return v
+
+
+def refusal_status(reason: str, *, draining: bool) -> int:
+  """The status of a request the scheduler rejected: 400 when it can never be served on this
+  cluster (scheduler.batching's static checks: retrying cannot help), 503 when no instance can
+  take it now (or the server drains), 429 for the transient rest (admission control, a tenant's
+  KV quota), which a client should retry later."""
+  from pdjax.scheduler.batching import is_permanent
+  if draining or reason.startswith("no instance in the "):
+    return 503
+  return 400 if is_permanent(reason) else 429
 
 
 # ---- responses ---------------------------------------------------------------------------------

@@ -87,7 +87,9 @@ class Tokenizer:
     self.chat_template = chat_lib.find_template(folder, config)
     self._cleanup = (bool(config.get("clean_up_tokenization_spaces", False))
                      and type(self._tok.model).__name__ != "BPE")
-    self.vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
+    vocab = self._tok.get_vocab(with_added_tokens=True)
+    self.vocab_size = max(vocab.values()) + 1
+    self.vocab_strings = tuple(vocab)   # the entries' texts (the server's prompt-size bound)
 
   def token_id(self, token: str) -> int | None:
     return self._tok.token_to_id(token)

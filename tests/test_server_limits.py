@@ -1,0 +1,140 @@
+"""The server's edges (issue 25): body size limit, prompts too long to tokenize, chat roles,
+template errors, OpenAI error bodies everywhere, and which refusals are permanent (400),
+transient (429) or about capacity (503). Fake instances, no model."""
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pdjax.engine.options import EngineOptions
+from pdjax.server import protocol
+from pdjax.server.app import make_app
+from pdjax.server.engine import OnlineEngine
+from pdjax.text import chat as chat_lib
+
+from fake_engine import OPTS, FakeInstance
+
+MODEL = "fake"
+TEMPLATE = ("{% for m in messages %}{% if loop.index0 % 2 == 0 and m['role'] != 'user' %}"
+            "{{ raise_exception('Conversation roles must alternate user/assistant/user/"
+            "assistant/...') }}{% endif %}{{ m['content'] }}{% endfor %}")
+
+
+class _Clock:
+  def advance(self, seconds):
+    time.sleep(seconds / 10)
+
+
+class DigitsWithTemplate:
+  """Token t reads as str(t % 10); every vocabulary entry is one character; a chat template
+  that refuses roles that do not alternate. encode() counts its calls."""
+  chat_template = TEMPLATE
+  vocab_strings = tuple(str(d) for d in range(10))
+
+  def __init__(self):
+    self.encoded_chars = 0
+
+  def encode(self, text):
+    self.encoded_chars += len(text)
+    return [int(c) for c in text]
+
+  def decode(self, ids):
+    return "".join(str(i % 10) for i in ids)
+
+  def encode_chat(self, messages):
+    return self.encode(chat_lib.render(self.chat_template, messages, {}))
+
+
+@pytest.fixture
+def server():
+  inst = FakeInstance("colocated-0", _Clock(), num_pages=4)
+  inst.role = "colocated"
+  inst.opts = EngineOptions(page_size=4, num_pages=4, max_model_len=OPTS.max_model_len,
+                            prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
+  tokenizer = DigitsWithTemplate()
+  engine = OnlineEngine("colocated", [inst], tokenizer=tokenizer, eos_ids=(110,))
+  engine.start()
+  app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000,
+                 max_body_bytes=200)
+  with TestClient(app) as client:
+    yield engine, client, tokenizer
+  if engine.alive:
+    engine.stop(grace_s=0.0)
+
+
+def _error(r):
+  assert set(r.json()) == {"error"}, r.text
+  return r.status_code, r.json()["error"]
+
+
+def test_a_body_over_the_limit_is_413_and_the_server_keeps_serving(server):
+  _, client, _ = server
+  big = json.dumps({"model": MODEL, "prompt": [1] * 100}).encode()
+  assert len(big) > 200
+  status, err = _error(client.post("/v1/completions", content=big))
+  assert (status, err["message"], err["type"], err["code"]) == (
+      413, "the request body is larger than 200 bytes (server.max_body_bytes)",
+      "invalid_request_error", 413)
+  # Without a Content-Length (chunked): refused while it streams in.
+  status, err = _error(client.post("/v1/completions", content=iter([big[:150], big[150:]])))
+  assert status == 413
+  r = client.post("/v1/completions", json={"model": MODEL, "prompt": [7] * 5, "max_tokens": 2})
+  assert r.status_code == 200
+
+
+def test_a_prompt_with_more_characters_than_can_fit_is_refused_before_tokenizing(server):
+  _, client, tokenizer = server
+  # max_model_len 24 tokens x the longest vocabulary entry (1 character) = 24 characters.
+  status, err = _error(client.post("/v1/completions",
+                                   json={"model": MODEL, "prompt": "1" * 25}))
+  assert (status, err["message"], err["param"]) == (
+      400, "the prompt has 25 characters, more than the 24 that max_model_len tokens can hold",
+      "prompt")
+  assert tokenizer.encoded_chars == 0
+  status, err = _error(client.post("/v1/chat/completions", json={
+      "model": MODEL, "messages": [{"role": "user", "content": "1" * 30}]}))
+  assert (status, err["param"]) == (400, "messages")
+  assert tokenizer.encoded_chars == 0
+
+
+@pytest.mark.parametrize("messages,message", [
+    ([{"role": "wizard", "content": "1"}],
+     "message role 'wizard' is not one of system, user, assistant, tool"),
+    ([{"role": "assistant", "content": "1"}],
+     "chat template: Conversation roles must alternate user/assistant/user/assistant/..."),
+], ids=["unknown-role", "template-refuses"])
+def test_bad_roles_and_template_errors_are_400(server, messages, message):
+  _, client, _ = server
+  status, err = _error(client.post("/v1/chat/completions",
+                                   json={"model": MODEL, "messages": messages}))
+  assert (status, err["message"], err["param"]) == (400, message, "messages")
+  r = client.post("/v1/chat/completions", json={
+      "model": MODEL, "messages": [{"role": "user", "content": "12"}], "max_tokens": 2})
+  assert r.status_code == 200
+
+
+def test_unknown_routes_and_methods_answer_in_openai_shape(server):
+  _, client, _ = server
+  assert _error(client.get("/v1/nope")) == (404, {
+      "message": "Not Found", "type": "not_found_error", "param": None, "code": 404})
+  assert _error(client.get("/v1/completions"))[0] == 405
+
+
+def test_a_request_the_cluster_can_never_serve_is_400_not_a_retryable_429(server):
+  _, client, _ = server
+  # 4 pages of 4 tokens: 3 + 14 tokens need 5 pages, more than the pool (permanent).
+  status, err = _error(client.post("/v1/completions", json={
+      "model": MODEL, "prompt": [1] * 3, "max_tokens": 14}))
+  assert (status, err["message"]) == (400, "needs 5 KV pages, the pool has 4")
+
+
+def test_refusal_status_by_kind():
+  assert protocol.refusal_status("needs 5 KV pages, the pool has 4", draining=False) == 400
+  assert protocol.refusal_status("empty prompt", draining=False) == 400
+  assert protocol.refusal_status("no instance in the decode tier", draining=False) == 503
+  assert protocol.refusal_status("tenant 'a' over its KV quota on the colocated tier: 0 + 5 "
+                                 "pages > 4", draining=False) == 429
+  assert protocol.refusal_status("queue full: 32 waiting", draining=False) == 429
+  assert protocol.refusal_status("queue full: 32 waiting", draining=True) == 503
