@@ -215,6 +215,13 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   limit = cfg.get("server", {}).get("max_body_bytes", 1)
   _require(isinstance(limit, int) and limit >= 1, "server.max_body_bytes", limit,
            "must be an integer >= 1")
+  keys = cfg.get("server", {}).get("api_keys", "")
+  if keys:
+    from pdjax.server.protocol import load_api_keys
+    try:
+      load_api_keys(keys)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
   repeats = cfg.get("repeats", 1)
   _require(isinstance(repeats, int) and repeats >= 1, "repeats", repeats,
            "must be an integer >= 1")

@@ -57,6 +57,7 @@ class Request:
   tenant: str = ""
   session: str = ""            # multi-turn conversation id (session-sticky routing)
   priority: int = 0
+  cache_salt: str = ""         # separates its prefix-cache pages from the tenant's others
 
   status: Status = Status.WAITING
   reason: str = ""             # why it was rejected / failed

@@ -115,6 +115,8 @@ def get_config(arg=None):
                                            #   binned per instance and time) | full (every step)
   c.server = ml_collections.ConfigDict()   # python -m pdjax.serve
   c.server.max_body_bytes = 4 * 1024 * 1024   # a larger request body is refused (413)
+  c.server.api_keys = ""                   # JSON file {"<key>": "<tenant>"}: each request needs
+                                           #   a key (401); its tenant salts and bounds it
   c.debug = False                          # invariants after every scheduler turn; jax: each greedy
                                            # output == the same request run alone (slow)
 

@@ -27,9 +27,12 @@ import struct
 EVICTION_POLICIES = ("lru", "lfu")
 
 
-def salt_for(tenant: str, shared_salt: str = "") -> str:
-  """The salt a tenant's page names use: its own, unless a shared salt opts into sharing."""
-  return shared_salt or f"tenant:{tenant}"
+def salt_for(tenant: str, shared_salt: str = "", cache_salt: str = "") -> str:
+  """The salt a tenant's page names use: its own, unless a shared salt opts into sharing; a
+  request's cache_salt (vLLM's field) narrows it further: only requests with the same one
+  share pages."""
+  base = shared_salt or f"tenant:{tenant}"
+  return f"{base}/salt:{cache_salt}" if cache_salt else base
 
 
 def flush_tenant(tables, tenant: str, shared_salt: str = "") -> int:

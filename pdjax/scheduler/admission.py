@@ -42,7 +42,7 @@ class Admission:
       self._plan_cancel(req)
 
   def _salt(self, r: Request) -> str:
-    return salt_for(r.tenant, self.opts.shared_salt)
+    return salt_for(r.tenant, self.opts.shared_salt, r.cache_salt)
 
   def _quota_reason(self, req: Request, choice: PathChoice) -> str | None:
     """Per-tenant KV quota on each tier the request will use: the pages its admitted requests

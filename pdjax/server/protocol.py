@@ -6,7 +6,8 @@ Supported: POST /v1/completions (`prompt`: a string, a list of token ids, or a o
 of either) and /v1/chat/completions (`messages` rendered with the checkpoint's chat template),
 with `max_tokens` (chat: also `max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop`
 (a string or up to 4), `n` (1 only), `stream`, `stream_options.include_usage`, `user`, and
-vLLM's `ignore_eos`. Any other parameter with a value is refused (400) by name: silently
+vLLM's `ignore_eos` and `cache_salt` (only requests with the same salt share prefix-cache
+pages). With server.api_keys, the API key decides the tenant (its salt and KV quota). Any other parameter with a value is refused (400) by name: silently
 ignoring it would make a comparison with another server wrong without saying so.
 """
 
@@ -17,7 +18,8 @@ import time
 import uuid
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
-          "stream_options", "ignore_eos", "user"}
+          "stream_options", "ignore_eos", "user", "cache_salt"}
+MAX_CACHE_SALT_CHARS = 256
 COMPLETION_KEYS = COMMON | {"prompt"}
 CHAT_KEYS = COMMON | {"messages", "max_completion_tokens"}
 DEFAULT_COMPLETION_TOKENS = 16      # OpenAI's (and vLLM's) default for /v1/completions
@@ -53,6 +55,8 @@ class Generation:
   stream: bool
   include_usage: bool
   ignore_eos: bool
+  cache_salt: str = ""     # only requests with the same one share prefix-cache pages
+  tenant: str = ""         # set by the server from the API key (server.api_keys)
 
 
 def parse(body, *, chat: bool, model_name: str, tokenizer, max_model_len: int,
@@ -109,7 +113,7 @@ def parse(body, *, chat: bool, model_name: str, tokenizer, max_model_len: int,
   return Generation(chat=chat, prompt_ids=prompt_ids, max_tokens=max_tokens,
                     temperature=temperature, top_p=top_p, seed=seed, stop=_stops(body),
                     stream=stream, include_usage=include_usage,
-                    ignore_eos=_bool(body, "ignore_eos", False))
+                    ignore_eos=_bool(body, "ignore_eos", False), cache_salt=_cache_salt(body))
 
 
 def max_prompt_chars_for(tokenizer, max_model_len: int) -> int | None:
@@ -174,6 +178,43 @@ def _chat_ids(body: dict, tokenizer, max_prompt_chars: int | None = None) -> lis
     return tokenizer.encode_chat(plain)
   except TextError as e:   # the template refused the chat (raise_exception): the client's error
     raise ApiError(400, str(e), "messages") from None
+
+
+def _cache_salt(body: dict) -> str:
+  salt = body.get("cache_salt")
+  if salt is None:
+    return ""
+  if not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+    raise ApiError(400, f"cache_salt must be a non-empty string of at most "
+                   f"{MAX_CACHE_SALT_CHARS} characters", "cache_salt")
+  return salt
+
+
+def tenant_of(authorization: str | None, api_keys: dict[str, str]) -> str:
+  """The tenant of the API key in an `Authorization: Bearer <key>` header (server.api_keys);
+  ApiError(401) without a header or with a key not in api_keys."""
+  scheme, _, key = (authorization or "").partition(" ")
+  if scheme.lower() != "bearer" or not key.strip():
+    raise ApiError(401, "this server needs an API key: Authorization: Bearer <key>")
+  tenant = api_keys.get(key.strip())
+  if tenant is None:
+    raise ApiError(401, "the API key is not valid")
+  return tenant
+
+
+def load_api_keys(path: str) -> dict[str, str]:
+  """server.api_keys: a JSON object {"<key>": "<tenant>", ...}; ValueError naming the file."""
+  import json
+  try:
+    with open(path) as f:
+      keys = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f"server.api_keys={path!r}: {e}") from None
+  if not isinstance(keys, dict) or not keys or not all(
+      isinstance(k, str) and k and isinstance(t, str) and t for k, t in keys.items()):
+    raise ValueError(f"server.api_keys={path!r} must hold a JSON object of non-empty "
+                     f"\"key\": \"tenant\" strings")
+  return keys
 
 
 def _stops(body: dict) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ class KvAwarePrefix(Router):
       return None
     tokens = req.prefill_tokens
     page_size = candidates[0].tables.page_size
-    salt = salt_for(req.tenant, self.shared_salt)
+    salt = salt_for(req.tenant, self.shared_salt, req.cache_salt)
     names = prefix_names(salt, tokens, page_size)
     def cost(w):
       saved = w.prefix_credit(names, salt) * page_size

@@ -21,7 +21,7 @@ class PrefixHybrid(PathPolicy):
     cached = 0
     if decode_tier:
       page_size = decode_tier[0].tables.page_size
-      salt = salt_for(req.tenant, self.shared_salt)
+      salt = salt_for(req.tenant, self.shared_salt, req.cache_salt)
       names = prefix_names(salt, tokens, page_size)
       cached = max(w.prefix_credit(names, salt) for w in decode_tier) * page_size
     if len(tokens) - cached < self.threshold:
