@@ -12,16 +12,22 @@ stop itself is not returned). EOS tokens (the model's stop ids) add no text.
 
 from __future__ import annotations
 
+CONTEXT_TOKENS = 5   # prompt tokens decoded before the first generated one (as vLLM does)
+
 
 class TextStream:
 
-  def __init__(self, tokenizer, stops: tuple[str, ...] = (), eos_ids: tuple[int, ...] = ()):
+  def __init__(self, tokenizer, stops: tuple[str, ...] = (), eos_ids: tuple[int, ...] = (),
+               context: tuple[int, ...] | list[int] = ()):
+    """context: the prompt's last token ids (CONTEXT_TOKENS of them). The first window is
+    decoded after them, so a decoder that drops a word's leading space at the start of a text
+    (SentencePiece's Metaspace: "▁world" alone reads "world") keeps it: " world"."""
     self.tokenizer, self.stops, self.eos_ids = tokenizer, tuple(stops), set(eos_ids)
-    self.ids: list[int] = []
+    self.ids: list[int] = [int(t) for t in context]
     self.text = ""            # decoded so far (may run ahead of what was sent)
     self.sent = 0             # characters of `text` handed out
     self.stopped = False      # a stop string was found: `text` ends before it
-    self._prefix = self._read = 0
+    self._prefix, self._read = 0, len(self.ids)
     self._hold = max((len(s) for s in self.stops), default=1) - 1
 
   def add(self, token: int) -> str:
