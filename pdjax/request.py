@@ -58,6 +58,7 @@ class Request:
   session: str = ""            # multi-turn conversation id (session-sticky routing)
   priority: int = 0
   cache_salt: str = ""         # separates its prefix-cache pages from the tenant's others
+  stopped_by_listener: bool = False   # a server's stop string ended it (finish_reason "stop")
 
   status: Status = Status.WAITING
   reason: str = ""             # why it was rejected / failed
@@ -132,9 +133,12 @@ class Request:
   @property
   def finish_reason(self) -> str | None:
     """Why a finished request stopped: "stop" (it generated a stop token, counted unless
-    ignore_eos) or "length" (max_new_tokens); None until it finished."""
+    ignore_eos, or a server's stop string ended it) or "length" (max_new_tokens); None until
+    it finished."""
     if self.status is not Status.FINISHED:
       return None
+    if self.stopped_by_listener:
+      return "stop"
     stopped = (not self.sampling.ignore_eos and bool(self.output_ids)
                and self.output_ids[-1] in self.eos_ids)
     return "stop" if stopped else "length"
@@ -144,7 +148,7 @@ class Request:
     run serves it from scratch. The prompt ids are shared (never modified)."""
     return Request(id=self.id, arrival_s=self.arrival_s, prompt_ids=self.prompt_ids,
                    sampling=self.sampling, eos_ids=self.eos_ids, tenant=self.tenant,
-                   session=self.session, priority=self.priority)
+                   session=self.session, priority=self.priority, cache_salt=self.cache_salt)
 
   def add_token(self, token: int, now_s: float) -> bool:
     """Appends a generated token; returns True when the request is done (EOS or length)."""

@@ -101,7 +101,7 @@ class Collect:
     EOS, max_new_tokens, or the run's listener says so (a server's stop string)."""
     done = req.add_token(token, now)
     if self._listener is not None and self._listener.on_token(req):
-      done = True
+      done = req.stopped_by_listener = True
     if not done:
       return False
     self._finish_done(w, req, now)
