@@ -8,8 +8,10 @@ scheduler.colocated_policy=chunked_prefill for chunked prefill; compare, the shi
 default, serves disaggregated) on the same instances, policies
 and KV transfer as `pdjax.run`: POST /v1/completions and /v1/chat/completions (streaming or
 not), GET /v1/models, /health and /metrics (Prometheus). The driver runs on the wall clock in
-its own thread (pdjax/server/engine.py). SIGINT / SIGTERM: stop admitting (new requests get
-503), let requests in flight finish for --grace_s, cancel the rest, then write the run's
+its own thread (pdjax/server/engine.py). SIGINT / SIGTERM: stop admitting (new requests, on the
+socket kept open until the drain ends, get 503 with Retry-After), let requests in flight finish
+for --grace_s, cancel the rest (streams end with finish_reason "abort" and [DONE], whole answers
+with what they have; a second signal cancels at once), then write the run's
 requests.jsonl, summary.json, report.md, trace.json and plots/ into --workdir as `pdjax.run`
 does, and check the end-of-run invariants (every request terminal, every page back).
 """
@@ -17,9 +19,11 @@ does, and check the end-of-run invariants (every request terminal, every page ba
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
+import time
 
 import uvicorn
 from absl import app, flags, logging
@@ -29,6 +33,9 @@ from pdjax import run as run_lib   # defines --config and --workdir, shared with
 from pdjax.cli import fail, use_cpu_devices
 
 SWITCH_INTERVAL_S = 0.0005
+# After the grace period: how long the cancelled requests' last events and the responses' last
+# bytes may take before uvicorn cancels what is left.
+DRAIN_TAIL_S = 5.0
 
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
@@ -110,28 +117,64 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
   web = make_app(engine, model_name=name, max_model_len=cfg.kv.max_model_len,
                  vocab_size=mcfg.vocab_size, metrics=metrics,
                  max_body_bytes=int(cfg.server.max_body_bytes))
-  server = _Server(uvicorn.Config(web, host=_HOST.value, port=_PORT.value, log_level="warning",
-                                  timeout_graceful_shutdown=_GRACE.value), engine)
+  web = _RetryAfter(web)
+  web.server = server = _Server(
+      uvicorn.Config(web, host=_HOST.value, port=_PORT.value, log_level="warning",
+                     interface="asgi3", timeout_graceful_shutdown=DRAIN_TAIL_S),
+      engine, _GRACE.value)
   print(f"serving {name!r} ({run}) on http://{_HOST.value}:{_PORT.value}", flush=True)
-  server.run()
-  return engine.stop(_GRACE.value), instances
+  try:
+    server.run()
+  finally:
+    engine.detach()       # the loop is closed: the driver must not send to it
+  return engine.stop(0.0), instances   # drained by the server already: no second grace
 
 
 class _Server(uvicorn.Server):
-  """uvicorn's server, with the engine told to drain as soon as a signal arrives (requests
-  on open connections get 503 while the streams in flight finish)."""
+  """uvicorn's server, draining on a signal before it stops: the engine stops admitting
+  (503) while the listening socket stays open, requests in flight finish for grace_s, the
+  rest are cancelled (answered with finish_reason "abort"); only once no request is live does
+  uvicorn's own shutdown start (closing the socket, waiting DRAIN_TAIL_S for the responses)."""
 
-  def __init__(self, config, engine):
+  def __init__(self, config, engine, grace_s: float):
     super().__init__(config)
-    self.engine = engine
+    self.engine, self.grace_s = engine, grace_s
+    self.abort_at: float | None = None       # time.monotonic(): when live requests are cancelled
+    self.aborted_at: float | None = None
 
   def handle_exit(self, sig, frame):
-    self.engine.draining = True
-    super().handle_exit(sig, frame)
+    if self.abort_at is None:
+      self.engine.draining = True
+      self.abort_at = time.monotonic() + self.grace_s
+    elif self.aborted_at is None:            # a second signal: cancel now
+      self.abort_at = time.monotonic()
+    else:                                    # a third: stop without waiting for responses
+      self.should_exit = self.force_exit = True
+
+  def retry_after_s(self) -> int:
+    """Seconds until this server is gone (a client retries elsewhere, or after a restart)."""
+    end = (self.aborted_at or self.abort_at or time.monotonic()) + DRAIN_TAIL_S
+    return max(1, math.ceil(end - time.monotonic()))
+
+  async def on_tick(self, counter: int) -> bool:
+    if await super().on_tick(counter) or self.abort_at is None:
+      return self.should_exit
+    now = time.monotonic()
+    if not self.engine.alive:
+      return True
+    if self.aborted_at is None and (not self.engine.live_requests() or now >= self.abort_at):
+      self.engine.abort_all()
+      self.aborted_at = now
+    return self.aborted_at is not None and (
+        not self.engine.live_requests() or now >= self.aborted_at + DRAIN_TAIL_S)
+
+  async def shutdown(self, sockets=None):
+    await super().shutdown(sockets)
+    self.engine.detach()    # still on the loop: nothing is sent to it once it closes
 
   @contextlib.contextmanager
   def capture_signals(self):
-    """SIGINT / SIGTERM start the shutdown (a second one forces it); unlike uvicorn's own,
+    """SIGINT / SIGTERM start the shutdown (see handle_exit); unlike uvicorn's own,
     the signal is not re-raised afterwards: the run's files are still to be written."""
     previous = {sig: signal.signal(sig, self.handle_exit)
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -140,6 +183,27 @@ class _Server(uvicorn.Server):
     finally:
       for sig, handler in previous.items():
         signal.signal(sig, handler)
+
+
+class _RetryAfter:
+  """ASGI middleware: while the server drains, every 503 carries Retry-After."""
+
+  def __init__(self, app):
+    self.app = app
+    self.server: _Server | None = None   # set once the server is built
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] != "http" or not self.server.engine.draining:
+      return await self.app(scope, receive, send)
+
+    async def send_retry_after(message):
+      if message["type"] == "http.response.start" and message["status"] == 503:
+        headers = [*message.get("headers", ()),
+                   (b"retry-after", str(self.server.retry_after_s()).encode())]
+        message = {**message, "headers": headers}
+      await send(message)
+
+    return await self.app(scope, receive, send_retry_after)
 
 
 if __name__ == "__main__":

@@ -131,8 +131,9 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
 
 
 def _refusal(engine: OnlineEngine, req) -> protocol.ApiError | None:
-  """Why an ended request got no answer (None: it finished)."""
-  if req.status is Status.FINISHED:
+  """Why an ended request got no answer (None: it finished, or the shutdown cancelled it: it
+  is answered with what it has and finish_reason "abort", as vLLM does)."""
+  if req.status is Status.FINISHED or (req.status is Status.CANCELLED and engine.draining):
     return None
   if req.status is Status.REJECTED:   # never servable 400, for now 429, no capacity 503
     return protocol.ApiError(protocol.refusal_status(req.reason, draining=engine.draining),
@@ -147,13 +148,17 @@ def _finish_reason(req, stopped: bool) -> str:
 
 
 async def _next_event(engine, http, req, queue):
-  """The request's next event; meanwhile a client that went away cancels it."""
+  """The request's next event; meanwhile a client that went away cancels it, and so does a
+  handler cancelled while it waits (the server forced to stop)."""
   while True:
     try:
       return await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
     except asyncio.TimeoutError:
       if await http.is_disconnected():
         engine.cancel(req)
+    except asyncio.CancelledError:
+      engine.cancel(req)
+      raise
 
 
 async def _whole(engine, http, g, rid, req, first, queue, model_name):
@@ -173,14 +178,16 @@ async def _whole(engine, http, g, rid, req, first, queue, model_name):
       if refused is not None:
         return JSONResponse(refused.body(), status_code=refused.status)
       text = "".join(pieces)
-      return protocol.response(g, rid, model_name, text, _finish_reason(req, stopped),
-                               len(req.output_ids), token_ids=ids or None)
+      reason = "abort" if req.status is Status.CANCELLED else _finish_reason(req, stopped)
+      return protocol.response(g, rid, model_name, text, reason, len(req.output_ids),
+                               token_ids=ids or None)
 
 
 async def _stream(engine, g, rid, req, event, queue, model_name):
   """SSE: the first chunk carries the request id (chat: and the role) as soon as the first
-  text is known; then a chunk per piece of text, the finish reason, usage if asked, [DONE].
-  A request that ends without an answer streams one error object."""
+  text is known; then a chunk per piece of text, the finish reason ("abort": cancelled by the
+  shutdown), usage if asked, [DONE]. A request that ends without an answer streams one error
+  object."""
   first, done = True, False
   try:
     while True:
@@ -199,8 +206,9 @@ async def _stream(engine, g, rid, req, event, queue, model_name):
       if refused is not None:
         yield _sse(refused.body())
         break
-      yield _sse(protocol.chunk(g, rid, model_name, "" if first else None,
-                                _finish_reason(req, stopped), first=first))
+      reason = "abort" if req.status is Status.CANCELLED else _finish_reason(req, stopped)
+      yield _sse(protocol.chunk(g, rid, model_name, "" if first else None, reason,
+                                first=first))
       if g.include_usage:
         yield _sse(protocol.usage_chunk(g, rid, model_name, len(req.output_ids)))
       break

@@ -9,8 +9,10 @@ the HTTP handlers. Pure Python (instances are built by the caller; no jax here).
 Events a handler receives: ("text", piece, tokens so far, token ids or None) and, last,
 ("end", request, ended by a stop string). Without a tokenizer the pieces are empty and carry
 the token ids instead (the chunks' "token_ids").
-Draining (shutdown): no new request is taken; `stop` cancels what is left after the grace
-period, closes the inbox and joins the thread, which returns the run's RunResult.
+Draining (shutdown): no new request is taken (`draining`); `abort_all` cancels what is left
+(reason "cancelled by the client (shutdown)"); `detach` drops every handler's queue before the
+handlers' loop closes (the driver never touches a closed loop: sends happen under the lock that
+`detach` takes); `stop` closes the inbox and joins the thread, which returns the RunResult.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ class _Channel:
     self.loop, self.queue, self.stream = loop, queue, stream
 
   def send(self, event) -> None:
-    self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+    """Called with the engine's lock held (see OnlineEngine.detach)."""
+    if not self.loop.is_closed():   # a loop closed under a detached engine: nobody listens
+      self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
 class OnlineEngine:
@@ -55,6 +59,7 @@ class OnlineEngine:
     self._channels: dict[int, _Channel] = {}
     self._live: dict[int, Request] = {}
     self.requests: list[Request] = []   # every request submitted, in order
+    self._aborts: list = []             # futures of abort_all's cancellations (checked by stop)
     self._lock = threading.Lock()
     self._thread = threading.Thread(target=self._run, name="pdjax-driver", daemon=True)
 
@@ -68,9 +73,8 @@ class OnlineEngine:
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by stop())
       self.error = e
       with self._lock:
-        channels = list(self._channels.values())
-      for ch in channels:       # nobody waits forever on a driver that died
-        ch.send(("error", f"the engine stopped: {type(e).__name__}: {e}"))
+        for ch in self._channels.values():   # nobody waits forever on a driver that died
+          ch.send(("error", f"the engine stopped: {type(e).__name__}: {e}"))
 
   @property
   def alive(self) -> bool:
@@ -117,16 +121,16 @@ class OnlineEngine:
   def on_token(self, req: Request) -> bool:
     with self._lock:
       ch = self._channels.get(id(req))
-    if ch is None:
-      return False
-    if ch.stream is None:   # no tokenizer: the stream carries token ids (chunk "token_ids")
-      if req.output_ids[-1] not in req.eos_ids:
-        ch.send(("text", "", len(req.output_ids), [req.output_ids[-1]]))
-      return False
-    piece = ch.stream.add(req.output_ids[-1])
-    if piece:
-      ch.send(("text", piece, len(req.output_ids), None))
-    return ch.stream.stopped
+      if ch is None:
+        return False
+      if ch.stream is None:   # no tokenizer: the stream carries token ids (chunk "token_ids")
+        if req.output_ids[-1] not in req.eos_ids:
+          ch.send(("text", "", len(req.output_ids), [req.output_ids[-1]]))
+        return False
+      piece = ch.stream.add(req.output_ids[-1])
+      if piece:
+        ch.send(("text", piece, len(req.output_ids), None))
+      return ch.stream.stopped
 
   def on_finish(self, req: Request) -> None:
     if self.metrics is not None:
@@ -134,28 +138,42 @@ class OnlineEngine:
     with self._lock:
       ch = self._channels.pop(id(req), None)
       self._live.pop(id(req), None)
-    if ch is None:
-      return
-    rest = ch.stream.finish() if ch.stream else ""
-    if rest:
-      ch.send(("text", rest, len(req.output_ids), None))
-    ch.send(("end", req, bool(ch.stream and ch.stream.stopped)))
+      if ch is None:
+        return
+      rest = ch.stream.finish() if ch.stream else ""
+      if rest:
+        ch.send(("text", rest, len(req.output_ids), None))
+      ch.send(("end", req, bool(ch.stream and ch.stream.stopped)))
 
   # ---- shutdown --------------------------------------------------------------------------------
 
-  def stop(self, grace_s: float) -> object:
-    """Stops taking requests, lets those in flight finish for up to grace_s, cancels the
-    rest, ends the driver's run and returns its RunResult (re-raising what stopped it)."""
+  def abort_all(self) -> None:
+    """Shutdown: every request still live is cancelled (reason "cancelled by the client
+    (shutdown)"); its handler gets its "end" event, and answers with finish_reason "abort"."""
+    self.draining = True
+    with self._lock:
+      left = list(self._live.values())
+    for req in left:
+      self._aborts.append(self.inbox.call(lambda d, r=req: d.cancel(r, "shutdown")))
+
+  def detach(self) -> None:
+    """The handlers' loop is about to close: no event is sent to it any more."""
+    with self._lock:
+      self._channels.clear()
+
+  def stop(self, grace_s: float = 0.0) -> object:
+    """Stops taking requests, lets those in flight finish for up to grace_s (a server that
+    drained already passes 0), cancels the rest, ends the driver's run and returns its
+    RunResult (re-raising what stopped it, or a failed cancellation)."""
     self.draining = True
     deadline = self.clock.now() + grace_s
     while self.live_requests() and self.alive and self.clock.now() < deadline:
       time.sleep(0.05)
-    with self._lock:
-      left = list(self._live.values())
-    for req in left:
-      self.cancel(req)
+    self.abort_all()
     self.inbox.close()
     self._thread.join()
     if self.error is not None:
       raise self.error
+    for future in self._aborts:
+      future.result(timeout=0)   # run by the driver before it ended; re-raises its error
     return self.result

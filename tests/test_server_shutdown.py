@@ -1,0 +1,116 @@
+"""Shutdown of `python -m pdjax.serve` (the tiny preset's real engine, a server subprocess on
+127.0.0.1, no tokenizer: token-id prompts): SIGINT with a long stream and a long non-streaming
+request in flight. While draining, new requests get 503 with Retry-After on the still-open
+socket; after --grace_s both requests end with finish_reason "abort" (the stream with its
+final chunk and [DONE]); the process writes the run's files and exits 0."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+GRACE_S = 1.0
+LONG = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2000, "ignore_eos": True}
+ARGS = ["--config=configs/default.py:smoke", "--config.kv.max_model_len=2048",
+        "--config.kv.pages_per_instance=1024", f"--grace_s={GRACE_S}"]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _start(workdir: str, log) -> tuple[subprocess.Popen, str]:
+  port = _free_port()
+  url = f"http://127.0.0.1:{port}"
+  proc = subprocess.Popen([sys.executable, "-m", "pdjax.serve", *ARGS, f"--port={port}",
+                           f"--workdir={workdir}"], stdout=log, stderr=subprocess.STDOUT)
+  deadline = time.monotonic() + 300
+  while True:
+    assert proc.poll() is None, open(log.name).read()[-3000:]
+    try:
+      if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+        return proc, url
+    except httpx.HTTPError:
+      pass
+    assert time.monotonic() < deadline, "the server did not come up in 300 s"
+    time.sleep(0.5)
+
+
+def test_sigint_drains_aborts_the_rest_and_writes_the_run(tmp_path):
+  workdir = str(tmp_path / "run")
+  log = open(tmp_path / "serve.log", "w")
+  proc, url = _start(workdir, log)
+  lines, whole, errors = [], [], []
+
+  def stream():
+    try:
+      with httpx.stream("POST", f"{url}/v1/completions", json=LONG | {"stream": True},
+                        timeout=60) as r:
+        for line in r.iter_lines():
+          if line:
+            lines.append(line)
+    except Exception as e:  # pylint: disable=broad-except  (asserted below)
+      errors.append(repr(e))
+
+  def post():
+    try:
+      whole.append(httpx.post(f"{url}/v1/completions", json=LONG, timeout=60))
+    except Exception as e:  # pylint: disable=broad-except  (asserted below)
+      errors.append(repr(e))
+
+  threads = [threading.Thread(target=stream), threading.Thread(target=post)]
+  for t in threads:
+    t.start()
+  deadline = time.monotonic() + 60
+  while len(lines) < 5:                       # the stream is under way
+    assert time.monotonic() < deadline and not errors, (errors, open(log.name).read()[-3000:])
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGINT)
+  signalled = time.monotonic()
+  time.sleep(0.3)
+  refused = httpx.post(f"{url}/v1/completions", json=LONG, timeout=10)   # a new connection
+  health = httpx.get(f"{url}/health", timeout=10)
+  for t in threads:
+    t.join(timeout=60)
+  rc = proc.wait(timeout=60)
+  took = time.monotonic() - signalled
+  log.close()
+  output = open(log.name).read()[-3000:]
+  assert (rc, errors) == (0, []), output
+  assert took < GRACE_S + 5, (took, output)
+
+  assert refused.status_code == 503, refused.text
+  assert refused.json()["error"]["message"] == "the server is shutting down"
+  assert int(refused.headers["retry-after"]) >= 1
+  assert (health.status_code, health.json()) == (503, {"status": "draining"})
+  assert int(health.headers["retry-after"]) >= 1
+
+  assert lines[-1] == "data: [DONE]"
+  chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+  assert all(c["object"] == "text_completion" for c in chunks), chunks[-1]
+  assert [c["choices"][0]["finish_reason"] for c in chunks[-1:]] == ["abort"]
+  assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+  streamed = sum(len(c["choices"][0].get("token_ids") or []) for c in chunks)
+  assert 5 <= streamed < LONG["max_tokens"]
+
+  (answer,) = whole
+  assert answer.status_code == 200, answer.text
+  choice = answer.json()["choices"][0]
+  assert choice["finish_reason"] == "abort"
+  assert 0 < len(choice["token_ids"]) < LONG["max_tokens"]
+  assert answer.json()["usage"]["completion_tokens"] == len(choice["token_ids"])
+
+  for name in ("requests.jsonl", "summary.json", "report.md", "trace.json"):
+    assert os.path.isfile(os.path.join(workdir, name)), name
+  rows = [json.loads(l) for l in open(os.path.join(workdir, "requests.jsonl"))]
+  assert [r["status"] for r in rows] == ["cancelled", "cancelled"]
+  assert {r["reason"] for r in rows} == {"cancelled by the client (shutdown)"}
+  assert json.load(open(os.path.join(workdir, "summary.json")))["kv_pages_leaked"] == 0
