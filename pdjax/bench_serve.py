@@ -39,7 +39,7 @@ PERCENTILES = (90, 95, 99)
 @dataclasses.dataclass
 class RequestOutput:
   """What the client measured for one request (times in seconds, perf_counter based)."""
-  prompt_len: int
+  prompt_len: int                   # the workload's; usage.prompt_tokens once the server says
   success: bool = False
   request_id: str | None = None     # the server's "id" from its first chunk
   output_tokens: int = 0            # usage.completion_tokens, else the content chunks
@@ -121,6 +121,9 @@ async def send_one(client: httpx.AsyncClient, url: str, body: dict, prompt_len: 
           out.request_id = str(chunk["id"])
         if (chunk.get("usage") or {}).get("completion_tokens") is not None:
           usage_tokens = int(chunk["usage"]["completion_tokens"])
+        if (chunk.get("usage") or {}).get("prompt_tokens") is not None:
+          out.prompt_len = int(chunk["usage"]["prompt_tokens"])   # what the server counted
+          # (a chat's template adds tokens the workload's ids do not hold)
         if any(_has_content(c) for c in chunk.get("choices") or ()):
           times.append(now)
           chunks += 1

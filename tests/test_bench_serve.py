@@ -90,7 +90,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
       choice["finish_reason"] = "length" if i == n - 1 else None
       event({"id": rid, "object": "text_completion", "choices": [choice]})
     if server.usage:
-      event({"id": rid, "choices": [], "usage": {"prompt_tokens": 1,
+      # A chat's prompt tokens include its template's: 100 more than the content's ids here.
+      prompt_tokens = len(prompt) + (100 if chat else 0)
+      event({"id": rid, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
                                                   "completion_tokens": body["max_tokens"]}})
     self.wfile.write(b"data: [DONE]\n\n")
     self.wfile.flush()
@@ -181,6 +183,14 @@ def test_chunks_count_without_usage_and_goodput_slo(serve):
     assert seen["path"] == "/v1/chat/completions" and seen["body"]["model"] == "m"
     assert seen["prompt"] == " ".join(map(str, r.prompt_ids))
   assert min(result["ttfts"]) >= FIRST_DELAY_S   # the role-only delta is not the first token
+
+
+def test_chat_input_tokens_are_the_servers_usage_not_the_workload_ids(serve):
+  server = serve()
+  requests = _smoke(3)
+  result = bench_serve.run_benchmark(server.url, requests, model="m", endpoint="chat")
+  counted = [len(" ".join(map(str, r.prompt_ids))) + 100 for r in requests]   # the mock's usage
+  assert result["input_lens"] == counted and result["total_input_tokens"] == sum(counted)
 
 
 def test_429_requests_are_failed_with_their_message(serve):
