@@ -102,6 +102,7 @@ def main(argv) -> None:
 
 def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
   """Builds the instances, serves HTTP until a signal, then drains; (RunResult, instances)."""
+  from pdjax.server import protocol
   from pdjax.server.app import make_app
   from pdjax.server.engine import OnlineEngine
   from pdjax.server.prometheus import ServerMetrics
@@ -116,7 +117,9 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
   engine.start()
   web = make_app(engine, model_name=name, max_model_len=cfg.kv.max_model_len,
                  vocab_size=mcfg.vocab_size, metrics=metrics,
-                 max_body_bytes=int(cfg.server.max_body_bytes))
+                 max_body_bytes=int(cfg.server.max_body_bytes),
+                 api_keys=(protocol.load_api_keys(cfg.server.api_keys)
+                           if cfg.server.get("api_keys") else None))
   web = _RetryAfter(web)
   web.server = server = _Server(
       uvicorn.Config(web, host=_HOST.value, port=_PORT.value, log_level="warning",

@@ -138,3 +138,83 @@ def test_refusal_status_by_kind():
                                  "pages > 4", draining=False) == 429
   assert protocol.refusal_status("queue full: 32 waiting", draining=False) == 429
   assert protocol.refusal_status("queue full: 32 waiting", draining=True) == 503
+
+
+KEYS = {"key-a": "team-a", "key-b": "team-b"}
+
+
+@pytest.fixture
+def keyed():
+  """A server with API keys and the prefix cache on (pages of 4 tokens)."""
+  inst = FakeInstance("colocated-0", _Clock(), num_pages=32)
+  inst.role = "colocated"
+  inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
+                            prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
+  inst.tables.enable_prefix_cache(0, 0.0, "lru")
+  engine = OnlineEngine("colocated", [inst], tokenizer=DigitsWithTemplate(), eos_ids=(110,))
+  engine.start()
+  app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000,
+                 api_keys=KEYS)
+  with TestClient(app) as client:
+    yield engine, client
+  if engine.alive:
+    engine.stop(grace_s=0.0)
+
+
+def _ask(client, key, **extra):
+  r = client.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                  json={"model": MODEL, "prompt": list(range(1, 13)), "max_tokens": 1, **extra})
+  assert r.status_code == 200, r.text
+  return r.json()["id"]
+
+
+def test_api_keys_are_required_and_decide_the_tenant(keyed):
+  engine, client = keyed
+  for headers, message in (({}, "this server needs an API key: Authorization: Bearer <key>"),
+                           ({"Authorization": "Bearer nope"}, "the API key is not valid")):
+    r = client.post("/v1/completions", headers=headers, json={"model": MODEL, "prompt": [1]})
+    assert _error(r) == (401, {"message": message, "type": "authentication_error",
+                               "param": None, "code": 401})
+    assert _error(client.get("/v1/models", headers=headers))[0] == 401
+  assert client.get("/v1/models", headers={"Authorization": "Bearer key-a"}).status_code == 200
+  rid = _ask(client, "key-b")
+  assert [r.tenant for r in engine.requests if r.id == rid] == ["team-b"]
+
+
+def test_tenants_and_cache_salts_never_share_prefix_hits(keyed):
+  engine, client = keyed
+  order = [_ask(client, "key-a"),                       # team-a fills the cache: 12 tokens
+           _ask(client, "key-a"),                       # team-a again: 2 full pages hit
+           _ask(client, "key-b"),                       # another tenant: no hit
+           _ask(client, "key-a", cache_salt="s1"),      # team-a, another salt: no hit
+           _ask(client, "key-a", cache_salt="s1")]      # the same salt again: hit
+  by_id = {r.id: r for r in engine.requests}
+  assert [by_id[i].cached_tokens for i in order] == [0, 8, 0, 0, 8]
+
+
+def test_a_stop_string_counts_as_stop_in_metrics():
+  from pdjax.server.prometheus import ServerMetrics
+  inst = FakeInstance("colocated-0", _Clock(), num_pages=32)
+  inst.role = "colocated"
+  inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
+                            prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
+  metrics = ServerMetrics(model_name=MODEL)
+  engine = OnlineEngine("colocated", [inst], tokenizer=DigitsWithTemplate(), eos_ids=(110,),
+                        metrics=metrics)
+  engine.start()
+  app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000,
+                 metrics=metrics)
+  try:
+    with TestClient(app) as client:
+      r = client.post("/v1/completions", json={"model": MODEL, "prompt": [2, 2], "max_tokens": 8,
+                                               "stop": ["45"]})
+      assert r.json()["choices"][0]["finish_reason"] == "stop"
+      r = client.post("/v1/completions", json={"model": MODEL, "prompt": [2, 2], "max_tokens": 2})
+      assert r.json()["choices"][0]["finish_reason"] == "length"
+      text = client.get("/metrics").text
+  finally:
+    if engine.alive:
+      engine.stop(grace_s=0.0)
+  counts = {line.split('finished_reason="')[1].split('"')[0]: float(line.split()[-1])
+            for line in text.splitlines() if line.startswith("pdjax:request_success_total")}
+  assert counts == {"stop": 1.0, "length": 1.0}

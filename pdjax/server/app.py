@@ -46,7 +46,10 @@ async def read_body(http: HttpRequest, limit: int) -> bytes:
 
 
 def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab_size: int,
-             metrics=None, lifespan=None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+             metrics=None, lifespan=None, max_body_bytes: int = MAX_BODY_BYTES,
+             api_keys: dict[str, str] | None = None) -> FastAPI:
+  """api_keys: {key: tenant} (server.api_keys); when given, /v1/ requests without a valid
+  `Authorization: Bearer` key get 401, and the key's tenant salts and bounds the request."""
   app = FastAPI(title="pdjax", lifespan=lifespan)
   max_prompt_chars = protocol.max_prompt_chars_for(engine.tokenizer, max_model_len)
 
@@ -68,7 +71,12 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
     return {"status": "ok"}
 
   @app.get("/v1/models")
-  async def models():
+  async def models(http: HttpRequest):
+    if api_keys:
+      try:
+        protocol.tenant_of(http.headers.get("authorization"), api_keys)
+      except protocol.ApiError as e:
+        return error(e)
     return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                         "owned_by": "pdjax", "max_model_len": max_model_len}]}
 
@@ -87,6 +95,8 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
   async def generate(http: HttpRequest, chat: bool):
     arrival_s = engine.clock.now()    # on receipt: parsing and tokenizing count as queue time
     try:
+      tenant = (protocol.tenant_of(http.headers.get("authorization"), api_keys)
+                if api_keys else "")
       try:
         body = json.loads(await read_body(http, max_body_bytes))
       except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -96,6 +106,7 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
       g = await asyncio.to_thread(
           protocol.parse, body, chat=chat, model_name=model_name, tokenizer=engine.tokenizer,
           max_model_len=max_model_len, vocab_size=vocab_size, max_prompt_chars=max_prompt_chars)
+      g.tenant = tenant
       if g.stop and engine.tokenizer is None:
         raise protocol.ApiError(400, "stop strings need a tokenizer; this server has none",
                                 "stop")

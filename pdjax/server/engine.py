@@ -25,7 +25,7 @@ from pdjax import serving
 from pdjax.request import Request, SamplingParams
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.inbox import Inbox
-from pdjax.server.text_stream import TextStream
+from pdjax.server.text_stream import CONTEXT_TOKENS, TextStream
 
 
 class Draining(Exception):
@@ -92,8 +92,10 @@ class OnlineEngine:
     req = Request(id=rid, arrival_s=arrival_s, prompt_ids=list(g.prompt_ids),
                   sampling=SamplingParams(temperature=g.temperature, max_new_tokens=g.max_tokens,
                                           ignore_eos=g.ignore_eos, seed=g.seed, top_p=g.top_p),
-                  eos_ids=() if g.ignore_eos else self.eos_ids)
-    stream = TextStream(self.tokenizer, g.stop, req.eos_ids) if self.tokenizer else None
+                  eos_ids=() if g.ignore_eos else self.eos_ids, tenant=g.tenant,
+                  cache_salt=g.cache_salt)
+    stream = (TextStream(self.tokenizer, g.stop, req.eos_ids,
+                         context=g.prompt_ids[-CONTEXT_TOKENS:]) if self.tokenizer else None)
     with self._lock:
       self._channels[id(req)] = _Channel(asyncio.get_running_loop(), queue, stream)
       self._live[id(req)] = req
