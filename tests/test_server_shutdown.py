@@ -1,8 +1,9 @@
 """Shutdown of `python -m pdjax.serve` (the tiny preset's real engine, a server subprocess on
-127.0.0.1, no tokenizer: token-id prompts): SIGINT with a long stream and a long non-streaming
-request in flight. While draining, new requests get 503 with Retry-After on the still-open
-socket; after --grace_s both requests end with finish_reason "abort" (the stream with its
-final chunk and [DONE]); the process writes the run's files and exits 0."""
+127.0.0.1, no tokenizer: token-id prompts): SIGINT with a long stream, a long non-streaming
+request and a short stream in flight. While draining, new requests get 503 with Retry-After on
+the still-open socket; the short stream finishes within --grace_s; then the long ones end with
+finish_reason "abort" (the stream with its final chunk and [DONE]); the process writes the
+run's files and exits 0."""
 
 import json
 import os
@@ -15,8 +16,9 @@ import time
 
 import httpx
 
-GRACE_S = 1.0
+GRACE_S = 2.0
 LONG = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2000, "ignore_eos": True}
+SHORT = LONG | {"max_tokens": 100, "stream": True}   # ~0.3 s of decoding here
 ARGS = ["--config=configs/default.py:smoke", "--config.kv.max_model_len=2048",
         "--config.kv.pages_per_instance=1024", f"--grace_s={GRACE_S}"]
 
@@ -48,15 +50,14 @@ def test_sigint_drains_aborts_the_rest_and_writes_the_run(tmp_path):
   workdir = str(tmp_path / "run")
   log = open(tmp_path / "serve.log", "w")
   proc, url = _start(workdir, log)
-  lines, whole, errors = [], [], []
+  lines, short, whole, errors = [], [], [], []
 
-  def stream():
+  def stream(body, out):
     try:
-      with httpx.stream("POST", f"{url}/v1/completions", json=LONG | {"stream": True},
-                        timeout=60) as r:
+      with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
         for line in r.iter_lines():
           if line:
-            lines.append(line)
+            out.append(line)
     except Exception as e:  # pylint: disable=broad-except  (asserted below)
       errors.append(repr(e))
 
@@ -66,13 +67,20 @@ def test_sigint_drains_aborts_the_rest_and_writes_the_run(tmp_path):
     except Exception as e:  # pylint: disable=broad-except  (asserted below)
       errors.append(repr(e))
 
-  threads = [threading.Thread(target=stream), threading.Thread(target=post)]
+  threads = [threading.Thread(target=stream, args=(LONG | {"stream": True}, lines)),
+             threading.Thread(target=post)]
   for t in threads:
     t.start()
   deadline = time.monotonic() + 60
   while len(lines) < 5:                       # the stream is under way
     assert time.monotonic() < deadline and not errors, (errors, open(log.name).read()[-3000:])
     time.sleep(0.01)
+  threads.append(threading.Thread(target=stream, args=(SHORT, short)))
+  threads[-1].start()
+  while not short:
+    assert time.monotonic() < deadline and not errors, (errors, open(log.name).read()[-3000:])
+    time.sleep(0.01)
+  short_at_signal = list(short)
   proc.send_signal(signal.SIGINT)
   signalled = time.monotonic()
   time.sleep(0.3)
@@ -101,6 +109,12 @@ def test_sigint_drains_aborts_the_rest_and_writes_the_run(tmp_path):
   streamed = sum(len(c["choices"][0].get("token_ids") or []) for c in chunks)
   assert 5 <= streamed < LONG["max_tokens"]
 
+  assert "data: [DONE]" not in short_at_signal   # in flight at the signal...
+  assert short[-1] == "data: [DONE]"             # ...finished within the grace period
+  chunks = [json.loads(line[len("data: "):]) for line in short[:-1]]
+  assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+  assert sum(len(c["choices"][0].get("token_ids") or []) for c in chunks) == 100
+
   (answer,) = whole
   assert answer.status_code == 200, answer.text
   choice = answer.json()["choices"][0]
@@ -111,6 +125,7 @@ def test_sigint_drains_aborts_the_rest_and_writes_the_run(tmp_path):
   for name in ("requests.jsonl", "summary.json", "report.md", "trace.json"):
     assert os.path.isfile(os.path.join(workdir, name)), name
   rows = [json.loads(l) for l in open(os.path.join(workdir, "requests.jsonl"))]
-  assert [r["status"] for r in rows] == ["cancelled", "cancelled"]
-  assert {r["reason"] for r in rows} == {"cancelled by the client (shutdown)"}
+  assert sorted(r["status"] for r in rows) == ["cancelled", "cancelled", "finished"]
+  assert {r["reason"] for r in rows if r["status"] == "cancelled"} == {
+      "cancelled by the client (shutdown)"}
   assert json.load(open(os.path.join(workdir, "summary.json")))["kv_pages_leaked"] == 0
