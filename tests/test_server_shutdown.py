@@ -3,8 +3,10 @@
 request and a short stream in flight. While draining, new requests get 503 with Retry-After on
 the still-open socket; the short stream finishes within --grace_s; then the long ones end with
 finish_reason "abort" (the stream with its final chunk and [DONE]); the process writes the
-run's files and exits 0."""
+run's files and exits 0. And, with fake instances: the driver keeps running, and is stopped
+cleanly, after the handlers' event loop closed under a request in flight."""
 
+import asyncio
 import json
 import os
 import signal
@@ -15,6 +17,13 @@ import threading
 import time
 
 import httpx
+
+from pdjax.engine.options import EngineOptions
+from pdjax.request import Status
+from pdjax.server.engine import OnlineEngine
+from pdjax.server.protocol import Generation
+
+from fake_engine import OPTS, FakeInstance
 
 GRACE_S = 2.0
 LONG = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2000, "ignore_eos": True}
@@ -129,3 +138,34 @@ def test_sigint_drains_aborts_the_rest_and_writes_the_run(tmp_path):
   assert {r["reason"] for r in rows if r["status"] == "cancelled"} == {
       "cancelled by the client (shutdown)"}
   assert json.load(open(os.path.join(workdir, "summary.json")))["kv_pages_leaked"] == 0
+
+
+class _SleepClock:
+  """FakePending advances its clock by the step's cost (decode 0.01 s): here, really."""
+
+  def advance(self, seconds):
+    time.sleep(seconds)
+
+
+def test_the_driver_never_sends_to_a_closed_loop():
+  inst = FakeInstance("colocated-0", _SleepClock(), num_pages=32)
+  inst.role = "colocated"
+  inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
+                            prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
+  engine = OnlineEngine("colocated", [inst], tokenizer=None, eos_ids=())
+  engine.start()
+  g = Generation(chat=False, prompt_ids=[1] * 4, max_tokens=20, temperature=0.0, top_p=1.0,
+                 seed=None, stop=(), stream=True, include_usage=False, ignore_eos=True)
+
+  async def handler():
+    queue: asyncio.Queue = asyncio.Queue()
+    req = engine.submit("r0", g, queue)
+    assert (await queue.get())[:2] == ("text", "")
+    return req
+
+  req = asyncio.run(handler())     # the loop closes with ~19 tokens (0.19 s) still to come
+  assert not req.status.terminal
+  result = engine.stop(0.0)        # no "Event loop is closed" from the driver's thread
+  assert result.requests == [req]
+  assert (req.status, req.reason) == (Status.CANCELLED, "cancelled by the client (shutdown)")
+  assert inst.tables.num_used_pages == 0
