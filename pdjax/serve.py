@@ -160,8 +160,9 @@ class _Server(uvicorn.Server):
     return max(1, math.ceil(end - time.monotonic()))
 
   async def on_tick(self, counter: int) -> bool:
-    if await super().on_tick(counter) or self.abort_at is None:
-      return self.should_exit
+    done = await super().on_tick(counter)
+    if done or self.abort_at is None:
+      return done
     now = time.monotonic()
     if not self.engine.alive:
       return True
