@@ -24,6 +24,8 @@ import collections
 import hashlib
 import struct
 
+from pdjax.scheduler.errors import DeviceError
+
 EVICTION_POLICIES = ("lru", "lfu")
 
 
@@ -82,8 +84,12 @@ class PrefixCache:
     self._idle: collections.OrderedDict[int, float] = collections.OrderedDict()  # LRU, last use
     self.stats = collections.Counter()   # evictions, expiries
     # Called with (page, name, salt) just before an evicted or expired page is dropped (its
-    # content still intact): the host tier's offload (pdjax/kv/host_tier.py).
+    # content still intact): the host tier's offload (pdjax/kv/host_tier.py). A DeviceError
+    # it raises (the device failed copying the page) is kept in `offload_error` and the page
+    # is dropped without its copy, so the eviction under way completes and the tables stay
+    # consistent; the driver then treats the instance as dead (Steps._offload_failed).
     self.on_drop = None
+    self.offload_error: DeviceError | None = None
 
   # ---- lookups --------------------------------------------------------------------------
 
@@ -209,10 +215,19 @@ class PrefixCache:
     self.stats["evictions"] += 1
     return True
 
+  def take_offload_error(self) -> DeviceError | None:
+    """The first offload failure since the last call (None if none), cleared."""
+    error, self.offload_error = self.offload_error, None
+    return error
+
   def _offload(self, page: int) -> None:
-    if self.on_drop is not None:
-      name, salt = self._entry[page]
+    if self.on_drop is None or self.offload_error is not None:   # (no copy off a failed device)
+      return
+    name, salt = self._entry[page]
+    try:
       self.on_drop(page, name, salt)
+    except DeviceError as e:   # expected: the driver kills the instance (see on_drop above)
+      self.offload_error = e
 
   def _drop(self, page: int) -> None:
     name, _ = self._entry.pop(page)

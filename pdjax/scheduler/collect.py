@@ -80,6 +80,7 @@ class Collect:
     # Nothing in flight while work is left: the device waits for the host from `done_s` (the
     # readback, this collection, the next plan and dispatch) — what overlap removes.
     w.host_wait_from = done_s if w.inflight is None and (w.running or w.waiting) else None
+    self._offload_failed(w)   # naming computed pages may evict (a capacity-bound cache)
 
   def _host_wait(self, w: Worker, step) -> float:
     """Seconds the instance sat idle with work to do before `step` was dispatched."""

@@ -223,7 +223,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
       if on_progress and self._terminal != done:
         on_progress(self._terminal - done)
       done = self._terminal
-      if inflight or turn_now or self._pending_transfers or self._restarting:
+      if inflight or turn_now or self._pending_transfers or self._restarting or self._touched:
         continue
       if done >= len(requests) and not arrivals:
         if inbox is None or inbox.closed:

@@ -157,7 +157,7 @@ class FastForward:
         tables.extend(r.id, r.prompt_len + len(r.output_ids))
     except OutOfPages:   # (extending a table again to the same length changes nothing)
       self._ensure_decode_slots(w, plan, {})
-    if plan.empty:
+    if self._offload_failed(w) or plan.empty:   # (extending evicts pages)
       return
     if len(plan.decodes) > w.max_batch:
       self._check_step_size(w, plan)

@@ -25,15 +25,16 @@ class Steps:
 
   def _dispatch(self, w: Worker, ahead: bool = False) -> None:
     t0 = self.clock.now()   # host phases on the run's clock (virtual in the simulator)
+    if self._offload_failed(w):   # (while a collection or a transfer evicted pages)
+      return
     rows = w.inflight.token_rows() if ahead else {}   # requests whose input token is pending
     plan = self.policies.step.plan(w, admit=lambda r: self._allocate_prefill(w, r))
     # A request being cancelled gets no new row (while a step holds it, it is not dropped);
     # nor does one whose token in flight is its last (max_new_tokens).
     plan.decodes = [r for r in plan.decodes if id(r) not in self._cancels and (
         id(r) not in rows or len(r.output_ids) + 1 < r.sampling.max_new_tokens)]
-    if plan.decodes and not self._ensure_decode_slots(w, plan, rows, preempt=not ahead):
-      return
-    if plan.empty:
+    fits = not plan.decodes or self._ensure_decode_slots(w, plan, rows, preempt=not ahead)
+    if self._offload_failed(w) or not fits or plan.empty:   # planning evicts pages
       return
     self._check_step_size(w, plan)
     now = self.clock.now()
@@ -84,6 +85,19 @@ class Steps:
         w.inflight = step
     except DeviceError as e:  # a device failure fails the step's requests, never the run
       self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
+
+  def _offload_failed(self, w: Worker) -> bool:
+    """Whether w's device failed copying an evicted prefix page to the host tier (evictions
+    happen while planning, collecting or transferring, outside any step's DeviceError guard;
+    the prefix cache keeps the error: PrefixCache.on_drop). Such an instance is lost like one
+    whose process died: it is killed, its requests recomputed on live instances or failed."""
+    cache = w.tables.cache
+    error = cache.take_offload_error() if cache is not None else None
+    if error is None or w.dead:
+      return error is not None
+    self._kill(w, why=f"died (host-tier offload failed: {type(error).__name__}: {error})",
+               injected=False)
+    return True
 
   def _can_dispatch_ahead(self, w: Worker) -> bool:
     """Whether the next step may be dispatched now, before the step in flight is collected:

@@ -38,6 +38,10 @@ class Transfers:
       # holds are reused and only the rest move.
       hit = dst.tables.allocate_prefix(r.id, r.prefill_tokens, need, self._salt(r),
                                        self.clock.now(), owner=r.tenant)
+      if self._offload_failed(dst):   # dst is dead (its pages gone): r picks another
+        self.transfer_queue.appendleft((r, src))
+        self._held_since[id(r)] = self.clock.now()
+        continue
       skip = hit // self.opts.page_size
       r.decode_cached_tokens = hit
       dst.reserve(r)                   # the slot is dst's from dispatch until landing or failure
