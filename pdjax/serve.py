@@ -92,12 +92,15 @@ def main(argv) -> None:
   name = _NAME.value or cfg.model.checkpoint or cfg.model.preset
   run = run_name(cfg)
   with run_lib.ray_cluster_for(cfg) as ray_cluster:
-    result, instances = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name)
+    result, instances, error = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer,
+                                      stop_ids, name)
     summary = run_lib.summarize_run(cfg, run, result, instances)
     summary["run_info"] = run_lib.run_info_of(cfg, mcfg, run, workload={
         "kind": "http", "requests": len(result.requests)})
   run_lib.write_outputs(workdir, cfg, run, summary, result)
   print(f"results: {workdir}", flush=True)
+  if error is not None:   # written what it could; the crash is an error exit
+    sys.exit(f"the engine stopped: {type(error).__name__}: {error}")
 
 
 def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
@@ -130,7 +133,9 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
     server.run()
   finally:
     engine.detach()       # the loop is closed: the driver must not send to it
-  return engine.stop(0.0), instances   # drained by the server already: no second grace
+  if engine.error is not None:   # the driver thread crashed (logged): its requests failed
+    return engine.result, instances, engine.error
+  return engine.stop(0.0), instances, None   # drained by the server already: no second grace
 
 
 class _Server(uvicorn.Server):
@@ -161,6 +166,8 @@ class _Server(uvicorn.Server):
 
   async def on_tick(self, counter: int) -> bool:
     done = await super().on_tick(counter)
+    if self.engine.error is not None:   # the driver thread crashed: stop (and exit non-zero)
+      return True
     if done or self.abort_at is None:
       return done
     now = time.monotonic()

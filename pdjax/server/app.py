@@ -66,6 +66,9 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
 
   @app.get("/health")
   async def health():
+    if engine.error is not None:   # the driver thread died (logged with its traceback)
+      return JSONResponse({"status": "failed",
+                           "error": f"{type(engine.error).__name__}: {engine.error}"}, 500)
     if engine.draining or not engine.alive:
       return JSONResponse({"status": "draining" if engine.alive else "stopped"}, 503)
     return {"status": "ok"}

@@ -18,14 +18,20 @@ handlers' loop closes (the driver never touches a closed loop: sends happen unde
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
+import traceback
 
 from pdjax import serving
-from pdjax.request import Request, SamplingParams
+from pdjax.request import Request, SamplingParams, Status
+from pdjax.scheduler.driver import RunResult
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.inbox import Inbox
 from pdjax.server.text_stream import CONTEXT_TOKENS, TextStream
+
+
+logger = logging.getLogger(__name__)
 
 
 class Draining(Exception):
@@ -71,10 +77,24 @@ class OnlineEngine:
       self.result = serving.serve(self.mode, self.instances, [], clock=self.clock,
                                   inbox=self.inbox, listener=self, **self._serve_kwargs)
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by stop())
-      self.error = e
-      with self._lock:
-        for ch in self._channels.values():   # nobody waits forever on a driver that died
-          ch.send(("error", f"the engine stopped: {type(e).__name__}: {e}"))
+      self._crashed(e)
+
+  def _crashed(self, e: BaseException) -> None:
+    """The driver thread died: logged once with its traceback; every request not yet terminal
+    fails with the reason (its handler answers 500); `result` holds what can still be written
+    (the requests, no steps). `/health` answers 500 and the server exits non-zero."""
+    logger.error("the driver thread died:\n%s", "".join(traceback.format_exception(e)).rstrip())
+    reason = f"the engine stopped: {type(e).__name__}: {e}"
+    now = self.clock.now()
+    with self._lock:
+      for req in self.requests:
+        if not req.status.terminal:
+          req.finish(Status.FAILED, now, reason)
+      self._live.clear()
+      for ch in self._channels.values():   # nobody waits forever on a driver that died
+        ch.send(("error", reason))
+      self.result = RunResult(list(self.requests), [], now, [], [], [], 0)
+    self.error = e   # last: whoever sees it sees the failed requests and the result
 
   @property
   def alive(self) -> bool:
