@@ -125,7 +125,7 @@ def test_routers_count_host_pages_after_the_device_prefix_at_their_weight():
     tier.offer(name, "tenant:a", "a", 0, writer="x", ready_s=9.0, now=0.0)
   assert [wk.prefix_credit(names, "tenant:a") for wk in workers] == [2 + 2 * w, 4 * w]
   assert [wk.prefix_credit(names, "tenant:b") for wk in workers] == [2, 0.0]
-  req = SimpleNamespace(prefill_tokens=X + [7], tenant="a")
+  req = SimpleNamespace(prefill_tokens=X + [7], tenant="a", cache_salt="")
   assert KvAwarePrefix().choose(req, workers[::-1]) is workers[0]
 
 
