@@ -23,11 +23,11 @@ def _prompt(i, n):
   return [(11 * i + 5 * j) % 500 + 3 for j in range(n)]
 
 
-def _requests(**sampling):
+def _requests(arrivals=ARRIVALS, **sampling):
   return [Request(id=f"s{i}", arrival_s=a, prompt_ids=_prompt(i, n),
                   sampling=SamplingParams(temperature=T, max_new_tokens=m, ignore_eos=True,
                                           **sampling), eos_ids=(2,))
-          for i, (n, m, a) in enumerate(zip(PROMPT_LENS, MAX_NEW, ARRIVALS))]
+          for i, (n, m, a) in enumerate(zip(PROMPT_LENS, MAX_NEW, arrivals))]
 
 
 def _policies(colocated_policy):
@@ -74,7 +74,10 @@ def test_chunked_prefill_equals_alone(tiny_model, alone):
   cfg, params = tiny_model
   instances = build_instances([("colocated", 1, 1)], cfg, params,
                               tiny_engine_options(max_prefill_seqs=9))
-  result = serving.serve("colocated", instances, _requests(),
+  # All at 0 on the wall clock: the first step chunks every prompt it can and the next ones
+  # carry decodes with the rest, whatever the machine's speed (with ARRIVALS a slow first step
+  # could let the short requests finish before the long ones arrive: no mixed step).
+  result = serving.serve("colocated", instances, _requests(arrivals=(0.0,) * 4),
                          policies=_policies("chunked_prefill"))
   assert _outputs(result) == alone
   mixed = [s for s in result.steps if s["kind"] == "mixed"]
