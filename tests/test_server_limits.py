@@ -2,6 +2,7 @@
 template errors, OpenAI error bodies everywhere, and which refusals are permanent (400),
 transient (429) or about capacity (503). Fake instances, no model."""
 
+import contextlib
 import json
 import time
 
@@ -47,21 +48,34 @@ class DigitsWithTemplate:
     return self.encode(chat_lib.render(self.chat_template, messages, {}))
 
 
-@pytest.fixture
-def server():
-  inst = FakeInstance("colocated-0", _Clock(), num_pages=4)
+@contextlib.contextmanager
+def _serving(num_pages: int, *, prefix_cache: bool = False, metrics=None, **app_kwargs):
+  """(engine, client, tokenizer) of a one-instance fake server with pages of 4 tokens; the
+  engine is stopped on exit."""
+  inst = FakeInstance("colocated-0", _Clock(), num_pages=num_pages)
   inst.role = "colocated"
-  inst.opts = EngineOptions(page_size=4, num_pages=4, max_model_len=OPTS.max_model_len,
+  inst.opts = EngineOptions(page_size=4, num_pages=num_pages, max_model_len=OPTS.max_model_len,
                             prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
+  if prefix_cache:
+    inst.tables.enable_prefix_cache(0, 0.0, "lru")
   tokenizer = DigitsWithTemplate()
-  engine = OnlineEngine("colocated", [inst], tokenizer=tokenizer, eos_ids=(110,))
+  engine = OnlineEngine("colocated", [inst], tokenizer=tokenizer, eos_ids=(110,),
+                        metrics=metrics)
   engine.start()
   app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000,
-                 max_body_bytes=200)
-  with TestClient(app) as client:
-    yield engine, client, tokenizer
-  if engine.alive:
-    engine.stop(grace_s=0.0)
+                 metrics=metrics, **app_kwargs)
+  try:
+    with TestClient(app) as client:
+      yield engine, client, tokenizer
+  finally:
+    if engine.alive:
+      engine.stop(grace_s=0.0)
+
+
+@pytest.fixture
+def server():
+  with _serving(4, max_body_bytes=200) as served:
+    yield served
 
 
 def _error(r):
@@ -146,19 +160,8 @@ KEYS = {"key-a": "team-a", "key-b": "team-b"}
 @pytest.fixture
 def keyed():
   """A server with API keys and the prefix cache on (pages of 4 tokens)."""
-  inst = FakeInstance("colocated-0", _Clock(), num_pages=32)
-  inst.role = "colocated"
-  inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
-                            prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
-  inst.tables.enable_prefix_cache(0, 0.0, "lru")
-  engine = OnlineEngine("colocated", [inst], tokenizer=DigitsWithTemplate(), eos_ids=(110,))
-  engine.start()
-  app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000,
-                 api_keys=KEYS)
-  with TestClient(app) as client:
+  with _serving(32, prefix_cache=True, api_keys=KEYS) as (engine, client, _):
     yield engine, client
-  if engine.alive:
-    engine.stop(grace_s=0.0)
 
 
 def _ask(client, key, **extra):
@@ -194,27 +197,14 @@ def test_tenants_and_cache_salts_never_share_prefix_hits(keyed):
 
 def test_a_stop_string_counts_as_stop_in_metrics():
   from pdjax.server.prometheus import ServerMetrics
-  inst = FakeInstance("colocated-0", _Clock(), num_pages=32)
-  inst.role = "colocated"
-  inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
-                            prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
   metrics = ServerMetrics(model_name=MODEL)
-  engine = OnlineEngine("colocated", [inst], tokenizer=DigitsWithTemplate(), eos_ids=(110,),
-                        metrics=metrics)
-  engine.start()
-  app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000,
-                 metrics=metrics)
-  try:
-    with TestClient(app) as client:
-      r = client.post("/v1/completions", json={"model": MODEL, "prompt": [2, 2], "max_tokens": 8,
-                                               "stop": ["45"]})
-      assert r.json()["choices"][0]["finish_reason"] == "stop"
-      r = client.post("/v1/completions", json={"model": MODEL, "prompt": [2, 2], "max_tokens": 2})
-      assert r.json()["choices"][0]["finish_reason"] == "length"
-      text = client.get("/metrics").text
-  finally:
-    if engine.alive:
-      engine.stop(grace_s=0.0)
+  with _serving(32, metrics=metrics) as (_, client, _):
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": [2, 2], "max_tokens": 8,
+                                             "stop": ["45"]})
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": [2, 2], "max_tokens": 2})
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    text = client.get("/metrics").text
   counts = {line.split('finished_reason="')[1].split('"')[0]: float(line.split()[-1])
             for line in text.splitlines() if line.startswith("pdjax:request_success_total")}
   assert counts == {"stop": 1.0, "length": 1.0}

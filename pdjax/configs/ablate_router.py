@@ -33,6 +33,7 @@ tests.
 """
 
 from pdjax.config import sibling_config
+from pdjax.configs import simulate_published_shape
 
 default = sibling_config(__file__)
 
@@ -48,19 +49,9 @@ def get_config(arg=None):
     c.workload.num_requests = 48
     c.workload.rate = 8.0
     return c
-  c.backend = "sim"
-  c.model.preset = "llama2_7b"
-  c.model.dtype = "bfloat16"
-  c.sim.hardware = "h100"
-  c.sim.cost_model = "roofline"
+  simulate_published_shape(c, "llama2_7b", "h100")
   c.sim.link_gbps = 25.0                    # P -> D over a 25 Gbit/s network
-  c.kv.page_size = 16
-  c.kv.max_model_len = 2048
-  c.kv.pages_per_instance = 4096
   c.kv.prefix_cache = True                  # decode instances keep served sessions' pages
-  c.scheduler.prefill_buckets = (512, 1024, 2048)
-  c.scheduler.max_prefill_seqs = 16
-  c.scheduler.decode_buckets = (16, 32, 64, 128)
   c.cluster.prefill.instances, c.cluster.prefill.tp = 1, 1
   c.cluster.decode.instances, c.cluster.decode.tp = 3, 1
   c.workload.num_requests = 400

@@ -32,6 +32,7 @@ for tests.
 """
 
 from pdjax.config import sibling_config
+from pdjax.configs import simulate_published_shape
 
 default = sibling_config(__file__)
 
@@ -43,17 +44,7 @@ def get_config(arg=None):
   c.mode = "compare"
   if arg == "smoke":
     return c
-  c.backend = "sim"
-  c.model.preset = "llama3_8b"
-  c.model.dtype = "bfloat16"
-  c.sim.hardware = "h100"
-  c.sim.cost_model = "roofline"
-  c.kv.page_size = 16
-  c.kv.max_model_len = 2048
-  c.kv.pages_per_instance = 4096
-  c.scheduler.prefill_buckets = (512, 1024, 2048)
-  c.scheduler.max_prefill_seqs = 16
-  c.scheduler.decode_buckets = (16, 32, 64, 128)
+  simulate_published_shape(c, "llama3_8b", "h100")
   c.scheduler.chunk_budget = 512
   c.cluster.colocated.instances, c.cluster.colocated.tp = 2, 1
   c.cluster.prefill.instances, c.cluster.prefill.tp = 1, 1

@@ -12,22 +12,13 @@ experiments/distserve_repro/README.md.
 """
 
 from pdjax.config import sibling_config
+from pdjax.configs import simulate_published_shape
 
 
 def get_config(arg=None):
   c = sibling_config(__file__).get_config()
   c.mode = "compare"
-  c.backend = "sim"
-  c.model.preset = "llama_65b"
-  c.model.dtype = "bfloat16"
-  c.sim.hardware = "a100"
-  c.sim.cost_model = "roofline"
-  c.kv.page_size = 16
-  c.kv.max_model_len = 2048
-  c.kv.pages_per_instance = 4096            # plain runs; the planner sizes pools from HBM
-  c.scheduler.prefill_buckets = (512, 1024, 2048)   # token budget per prefill step: 2048
-  c.scheduler.max_prefill_seqs = 16
-  c.scheduler.decode_buckets = (16, 32, 64, 128)    # up to 128 running sequences per instance
+  simulate_published_shape(c, "llama_65b", "a100")
   c.scheduler.chunk_budget = 512
   c.workload.preset = "lognormal"
   c.workload.lognormal_prompt_mean = 161.0  # ShareGPT as sampled in the vLLM paper (means)

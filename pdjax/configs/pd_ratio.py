@@ -36,6 +36,7 @@ and this sweep's ratios, for tests.
 """
 
 from pdjax.config import sibling_config
+from pdjax.configs import simulate_published_shape
 from pdjax.planning.mixes import MIXES
 
 default = sibling_config(__file__)
@@ -50,17 +51,7 @@ def get_config(arg=None):
     return c
   if arg not in (None, "", "sharegpt"):
     raise ValueError(f"unknown variant {arg!r} (known: sharegpt, smoke)")
-  c.backend = "sim"
-  c.model.preset = "llama3_8b"
-  c.model.dtype = "bfloat16"
-  c.sim.hardware = "h100"
-  c.sim.cost_model = "roofline"
-  c.kv.page_size = 16
-  c.kv.max_model_len = 2048
-  c.kv.pages_per_instance = 4096
-  c.scheduler.prefill_buckets = (512, 1024, 2048)
-  c.scheduler.max_prefill_seqs = 16
-  c.scheduler.decode_buckets = (16, 32, 64, 128)
+  simulate_published_shape(c, "llama3_8b", "h100")
   c.cluster.prefill.tp = c.cluster.decode.tp = 1
   w = c.workload
   if arg == "sharegpt":

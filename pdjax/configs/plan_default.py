@@ -28,23 +28,14 @@ This file ships with the package; configs/plan_default.py in a clone re-exports 
 """
 
 from pdjax.config import sibling_config
+from pdjax.configs import simulate_published_shape
 from pdjax.planning.mixes import MIXES
 
 
 def get_config(arg=None):
   c = sibling_config(__file__).get_config()
   c.mode = "compare"
-  c.backend = "sim"                         # `python -m pdjax.run` on this config: simulated too
-  c.model.preset = "llama3_8b"
-  c.model.dtype = "bfloat16"
-  c.sim.hardware = "h100"
-  c.sim.cost_model = "roofline"
-  c.kv.page_size = 16
-  c.kv.max_model_len = 2048
-  c.kv.pages_per_instance = 4096            # plain runs; the planner sizes pools from HBM
-  c.scheduler.prefill_buckets = (512, 1024, 2048)   # token budget per prefill step: 2048
-  c.scheduler.max_prefill_seqs = 16
-  c.scheduler.decode_buckets = (16, 32, 64, 128)    # up to 128 running sequences per instance
+  simulate_published_shape(c, "llama3_8b", "h100")
   c.scheduler.chunk_budget = 512                    # chunked prefill: 512 tokens per step
   for key, value in MIXES["sharegpt"].items():      # lognormal 161 / 338, caps 1024 / 1024
     c.workload[key] = value

@@ -18,22 +18,14 @@ queue to show); `:quick` is Llama-3-8B on h100 with two mixes.
 """
 
 from pdjax.config import sibling_config
+from pdjax.configs import simulate_published_shape
 
 
 def get_config(arg=None):
   c = sibling_config(__file__).get_config()
   c.mode = "compare"
-  c.backend = "sim"
-  c.model.preset = "llama3_8b"
-  c.model.dtype = "bfloat16"
-  c.sim.hardware = "h100"
-  c.sim.cost_model = "roofline"
-  c.kv.page_size = 16
-  c.kv.max_model_len = 8192
-  c.kv.pages_per_instance = 4096            # plain runs; the planner sizes pools from HBM
-  c.scheduler.prefill_buckets = (512, 2048, 8192)   # a whole 8k prompt fits one prefill step
-  c.scheduler.max_prefill_seqs = 16
-  c.scheduler.decode_buckets = (16, 32, 64, 128)    # up to 128 running sequences per instance
+  simulate_published_shape(c, "llama3_8b", "h100", max_model_len=8192,   # a whole 8k prompt
+                           prefill_buckets=(512, 2048, 8192))         # fits one prefill step
   c.scheduler.chunk_budget = 512                    # chunked prefill: 512 tokens per step
   c.workload.preset = "lognormal"           # the mixes set the lengths (planning/mixes.py)
   c.workload.rate = 2.0
