@@ -14,6 +14,7 @@ from pdjax import config as config_lib
 from pdjax.kv.pages import BlockTables
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.run import execute
+from pdjax.scheduler.tally import Tally
 from pdjax.scheduler.worker import Worker
 from pdjax.server.prometheus import EngineState, InstanceState, ServerMetrics, engine_state
 
@@ -38,7 +39,7 @@ def _driver_of(result, instances):
   """What engine_state reads of a Driver, rebuilt from a finished run."""
   return types.SimpleNamespace(workers=[Worker(i, i.role, 1) for i in instances],
                                transfers=result.transfers, preemptions=result.preemptions,
-                               role_switches=result.role_switches)
+                               role_switches=result.role_switches, tally=result.tally)
 
 
 def _scrape(metrics: ServerMetrics) -> dict:
@@ -58,7 +59,7 @@ def _value(samples: dict, name: str, **labels) -> float:
 def scraped(run):
   summary, result, instances = run
   metrics = ServerMetrics(model_name=MODEL)
-  metrics.update(engine_state(_driver_of(result, instances), result.requests))
+  metrics.update(engine_state(_driver_of(result, instances)))
   for r in result.requests:
     metrics.request_finished(r)
   return _scrape(metrics)
@@ -170,41 +171,44 @@ def test_updates_set_counters_to_the_snapshot():
   assert _value(s, "pdjax:num_preemptions_total") == 1
 
 
-def test_engine_state_reads_the_workers_and_follows_requests():
-  """Gauges from the workers; terminal requests are folded once, in-flight ones re-read, new
-  ones picked up; prefix tokens only on instances with a cache."""
+def test_engine_state_reads_the_workers_and_the_tally():
+  """Gauges from the workers, prefix tokens and fallbacks from the driver's tally (counted
+  when they happened), transfers from the index the collector asks for."""
   cached, plain = BlockTables(10, 4), BlockTables(8, 4)
   cached.enable_prefix_cache()
   cached.allocate("z", 11)                                 # 3 of 10 pages
   w = Worker(types.SimpleNamespace(name="p0", tables=cached), "prefill", 4)
   v = Worker(types.SimpleNamespace(name="d0", tables=plain), "decode", 4)
-  driver = types.SimpleNamespace(workers=[w, v], transfers=[], preemptions=0, role_switches=[])
-  a = Request("a", 0.0, [1, 2, 3], SamplingParams(max_new_tokens=2))
-  a.fallbacks.append("x")
-  a.prefill_instance, a.prefill_start_s, a.cached_tokens = "p0", 0.5, 2
-  w.running.append(a)
-  requests = [a]
-  state = engine_state(driver, requests)
+  tally = Tally()
+  tally.prefix_lookup("p0", 3, 2)
+  tally.fallback("x", [])
+  tally.fallback("x", ["x"])                               # the same request again: once
+  transfers = [{"bytes": 1, "seconds": 0.5, "ok": True}, {"bytes": 2, "seconds": 0.5, "ok": True}]
+  driver = types.SimpleNamespace(workers=[w, v], transfers=transfers, preemptions=0,
+                                 role_switches=[], tally=tally)
+  w.running.append(Request("a", 0.0, [1, 2, 3], SamplingParams(max_new_tokens=2)))
+  state = engine_state(driver)
   assert state.fallbacks == {"x": 1}
   assert [(i.name, i.role, i.running, i.waiting, i.kv_pages_used, i.kv_pages_total,
            i.prefix_queries, i.prefix_hits) for i in state.instances] == [
                ("p0", "prefill", 1, 0, 3, 10, 3, 2), ("d0", "decode", 0, 0, 0, 8, 0, 0)]
-  a.fallbacks.append("y")
-  a.finish(Status.FAILED, 1.0)
-  b = dataclasses.replace(a, id="b", fallbacks=["y"], status=Status.WAITING)
-  requests.append(b)
-  for reqs in (requests, requests, list(requests)):       # no double count, cached or not
-    state = engine_state(driver, reqs)
-    assert state.fallbacks == {"x": 1, "y": 2}
-    assert (state.instances[0].prefix_queries, state.instances[0].prefix_hits) == (6, 4)
+  assert (state.transfers, state.transfers_first) == (transfers, 0)
+  assert (engine_state(driver, 1).transfers, engine_state(driver, 1).transfers_first) == (
+      transfers[1:], 1)
+  assert engine_state(driver, 5).transfers_first == 0       # a shorter list: a new driver's
 
 
-def test_request_finished_rejects_a_live_request():
-  with pytest.raises(ValueError, match="not terminal"):
-    ServerMetrics().request_finished(Request("a", 0.0, [1]))
-
-
-def test_imports_no_jax():
-  code = ("import sys, pdjax.server.prometheus; "
-          "sys.exit('jax' in sys.modules or 'jaxlib' in sys.modules)")
-  assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+def test_a_scrape_folds_only_new_transfers():
+  """The collector asks for the transfers it has not folded: with a spilled list, what an
+  update reads does not grow with the run."""
+  metrics = ServerMetrics(model_name=MODEL)
+  driver = types.SimpleNamespace(workers=[], transfers=[], preemptions=0, role_switches=[],
+                                 tally=Tally())
+  for n in range(5):
+    driver.transfers.append({"bytes": 10, "seconds": 0.01, "ok": n != 2})
+    state = engine_state(driver, metrics.transfers_seen())
+    assert state.transfers_first == n and len(state.transfers) == 1
+    metrics.update(state)
+  s = _scrape(metrics)
+  assert _value(s, "pdjax:kv_transfer_bytes_sum") == 40
+  assert _value(s, "pdjax:kv_transfer_failures_total") == 1

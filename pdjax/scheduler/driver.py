@@ -40,7 +40,9 @@ from pdjax.scheduler.fast_forward import FastForward
 from pdjax.scheduler.invariants import Invariants
 from pdjax.scheduler.policies.base import StepPlan
 from pdjax.scheduler.recovery import Recovery
+from pdjax.scheduler.spill import SpilledList
 from pdjax.scheduler.steps import Steps
+from pdjax.scheduler.tally import Tally
 from pdjax.scheduler.transfers import Transfers
 from pdjax.scheduler.worker import Worker
 
@@ -88,6 +90,7 @@ class RunResult:
   flushes: list[dict] = dataclasses.field(default_factory=list)   # {"t_s", "tenant", "pages"}
   faults: dict = dataclasses.field(default_factory=dict)   # injected and recovery counts
   fast_forwarded: int = 0    # steps collected by the decode fast-forward (not an output)
+  tally: Tally = dataclasses.field(default_factory=Tally)   # counters as they happened
 
   def step_counts(self) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
@@ -109,7 +112,11 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
 
   def __init__(self, mode: str, workers: list[Worker], *, options: DriverOptions, clock,
                transfer_fn=None, policies: policy_lib.Policies | None = None,
-               injector: FaultInjector | None = None):
+               injector: FaultInjector | None = None, spill_dir: str | None = None):
+    """spill_dir: a folder where a long-lived run (a server) keeps its records: the steps,
+    state samples and transfers (scheduler/spill.py) and the terminal requests, which leave
+    memory as they end (RunResult.requests then holds them in the order they ended). Default:
+    plain lists, requests in the order they were given."""
     if mode not in ("colocated", "disaggregated"):
       raise ValueError(f"mode must be colocated or disaggregated, got {mode!r}")
     self.mode, self.workers, self.opts, self.clock = mode, workers, options, clock
@@ -121,9 +128,10 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
       raise ValueError(f"{mode} needs {' and '.join(sorted(needed))} instances"
                        + (" and a transfer function" if mode == "disaggregated" else ""))
     self.transfer_queue: deque[tuple[Request, Worker]] = deque()
-    self.transfers: list[dict] = []
-    self.steps: list[dict] = []
-    self.samples: list[dict] = []
+    self.spill_dir = spill_dir
+    self.transfers: list[dict] = self._records("transfers")
+    self.steps: list[dict] = self._records("steps")
+    self.samples: list[dict] = self._records("samples")
     self.role_switches: list[dict] = []
     self.preemptions = 0
     self.flushes: list[dict] = []
@@ -138,7 +146,21 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     self._draining: list[Worker] = []
     self._init_recovery()
     self._inbox = self._listener = None
-    self.requests: list[Request] = []   # the run's requests (Driver.run)
+    self.requests: list[Request] = []   # the run's requests (Driver.run; see spill_dir)
+    self._open: dict[int, Request] = {}   # id -> taken, not terminal yet
+    self._taken = 0
+    self.tally = Tally()
+
+  def _records(self, name: str) -> list:
+    return [] if self.spill_dir is None else SpilledList(f"{self.spill_dir}/{name}.pkl")
+
+  def _take(self, req: Request) -> None:
+    """A request joins the run."""
+    self._taken += 1
+    if not req.status.terminal:
+      self._open[id(req)] = req
+    if self.spill_dir is None or req.status.terminal:
+      self.requests.append(req)
 
   def _touch(self, w: Worker) -> None:
     self._touched.add(self._index[id(w)])
@@ -160,6 +182,9 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
   def _finish(self, req: Request, status: Status, now: float, reason: str = "") -> None:
     req.finish(status, now, reason)
     self._terminal += 1      # counted here: summing over all requests every turn is O(n^2)
+    del self._open[id(req)]
+    if self.spill_dir is not None:
+      self.requests.append(req)   # and nothing else holds it once its listener is done
     if self._listener is not None:
       self._listener.on_finish(req)
 
@@ -181,16 +206,18 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     hand it until the inbox is closed) to their terminal states. listener: an object with
     `on_token(req) -> bool` (called after each generated token; True ends the request there,
     finished: a server's stop string) and `on_finish(req)` (called once a request is terminal)."""
-    requests = self.requests = list(requests)   # grows with the inbox's submissions
-    arrivals = deque(sorted(requests, key=lambda r: r.arrival_s))
-    self._terminal = sum(r.status.terminal for r in requests)
+    self.requests = self._records("requests")
+    for r in requests:
+      self._take(r)
+    arrivals = deque(sorted(self._open.values(), key=lambda r: r.arrival_s))
+    self._terminal = self._taken - len(self._open)
     self._inbox, self._listener = inbox, listener
     fast_forward, fast_forwarded = self._fast_forward_possible(), 0
     done = self._terminal
     while True:
       now = self.clock.now()
       if inbox is not None:
-        self._take_inbox(inbox, requests, arrivals)
+        self._take_inbox(inbox, arrivals)
       self._run_events(now)
       self._reclaim_leases(now)
       self._admit(arrivals)
@@ -225,11 +252,11 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
       done = self._terminal
       if inflight or turn_now or self._pending_transfers or self._restarting or self._touched:
         continue
-      if done >= len(requests) and not arrivals:
+      if done >= self._taken and not arrivals:
         if inbox is None or inbox.closed:
           break
       due = [t for t in (arrivals[0].arrival_s if arrivals else None, wake) if t is not None]
-      if inbox is not None and (due or done >= len(requests)):
+      if inbox is not None and (due or done >= self._taken):
         inbox.wait(min(due) - self.clock.now() if due else IDLE_WAIT_S)   # or a submission
         continue
       if due:
@@ -238,27 +265,28 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
       if self._cancels:
         self._apply_cancels()
         continue
-      self._fail_stalled(requests)   # nothing in flight, nothing to come: cannot progress
+      self._fail_stalled()   # nothing in flight, nothing to come: cannot progress
     self._run_events(float("inf"), only=("flush",))   # flushes past the last request: at the end
-    terminal = sum(r.status.terminal for r in requests)
-    if self._terminal != terminal:   # a request finished twice (or behind the driver's back)
+    terminal = sum(r.status.terminal for r in self.requests) if self.spill_dir is None else \
+        len(self.requests)
+    if self._terminal != terminal or self._open:   # a request ended twice or behind its back
       raise AssertionError(f"the driver ended {self._terminal} requests, {terminal} are terminal")
     for w in self.workers:
       if w.running or w.reserved or w.waiting:
         raise AssertionError(f"{w.name} still holds {len(w.waiting)} waiting, {len(w.running)} "
                              f"running, {len(w.reserved)} reserved requests at the end")
     self._check_transfers_not_all_failed()
-    return RunResult(requests, self.transfers, self.clock.now(), self.steps, self.samples,
+    return RunResult(self.requests, self.transfers, self.clock.now(), self.steps, self.samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
-                      **self.fault_counts}, fast_forwarded)
+                      **self.fault_counts}, fast_forwarded, self.tally)
 
-  def _take_inbox(self, inbox, requests: list[Request], arrivals: deque) -> None:
+  def _take_inbox(self, inbox, arrivals: deque) -> None:
     """New requests join the arrivals (stamped by their submitter), cancellations apply, calls
     run here, on the driver's thread."""
     for kind, payload in inbox.take():
       if kind == "request":
-        requests.append(payload)
+        self._take(payload)
         arrivals.append(payload)
       elif kind == "cancel":
         self.cancel(payload, "client")
@@ -365,7 +393,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
         w.tables.free(r.id, now)
       self._finish(r, Status.FAILED, now, reason)
 
-  def _fail_stalled(self, requests: list[Request]) -> None:
+  def _fail_stalled(self) -> None:
     now = self.clock.now()
     for w in self.workers:
       for r in list(w.waiting) + w.running:
@@ -378,6 +406,5 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
       src.tables.free(r.id, now)
     self.transfer_queue.clear()
     self._held_since.clear()
-    for r in requests:
-      if not r.status.terminal:
-        self._finish(r, Status.FAILED, now, "scheduler stalled: no step in flight and none possible")
+    for r in list(self._open.values()):
+      self._finish(r, Status.FAILED, now, "scheduler stalled: no step in flight and none possible")

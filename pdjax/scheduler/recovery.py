@@ -289,6 +289,7 @@ class Recovery:
     if target is None:
       self._finish(r, Status.FAILED, now, f"{why} and no live instance is left in the {role} tier")
       return
+    self.tally.fallback(fallback, r.fallbacks)
     r.fallbacks.append(fallback)
     if r.output_ids:
       r.decode_instance = target.name

@@ -134,6 +134,8 @@ class Steps:
     r.num_computed_tokens = cached
     if not r.output_ids:               # prompt tokens served from the cache (first prefill)
       r.cached_tokens = cached
+      if w.tables.cache is not None:
+        self.tally.prefix_lookup(w.name, r.prompt_len, cached)
     return True
 
   def _ensure_decode_slots(self, w: Worker, plan: StepPlan, pending: dict,

@@ -89,7 +89,8 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
       return Response("", media_type="text/plain")
     if engine.alive:
       from pdjax.server.prometheus import engine_state
-      future = engine.inbox.call(engine_state)
+      seen = metrics.transfers_seen()
+      future = engine.inbox.call(lambda driver: engine_state(driver, seen))
       state = await asyncio.wrap_future(future)
       metrics.update(state)
     body, content_type = metrics.render()

@@ -13,9 +13,11 @@ Two sources, two ways of counting:
     fallbacks, role switches, prefix-cache tokens) straight from the latest snapshot, so a
     scrape shows exactly the snapshot's value however often update runs (no double counting;
     a counter drops only when a snapshot comes from a new driver, which Prometheus reads as a
-    counter reset). The KV-transfer histograms are built from the snapshot's transfer list,
-    which the driver only appends to: each update folds in the entries past the last one seen
-    (a shorter list means a new driver: they are rebuilt from it).
+    counter reset). The KV-transfer histograms are folded from the driver's transfer list,
+    which it only appends to: each snapshot carries the entries past the last one folded (a
+    shorter list means a new driver: they are rebuilt from it), so a scrape's cost does not
+    grow with the run. Prefix-cache tokens and fallbacks are counted by the driver when they
+    happen (scheduler/tally.py): they never decrease.
 
 Host logic only (no jax): reads pdjax.request and the driver's plain attributes.
 """
@@ -23,7 +25,6 @@ Host logic only (no jax): reads pdjax.request and the driver's plain attributes.
 from __future__ import annotations
 
 import bisect
-import collections
 import dataclasses
 import itertools
 import threading
@@ -64,82 +65,37 @@ class InstanceState:
 
 @dataclasses.dataclass
 class EngineState:
-  """The driver at scrape time. transfers: the driver's list of {"bytes", "seconds", "ok"}
-  (append-only); preemptions / role_switches: totals so far; fallbacks: fallback kind ->
-  requests that took it (summary.json's faults.fell_back)."""
+  """The driver at scrape time. transfers: the driver's transfer records {"bytes",
+  "seconds", "ok"} (an append-only list) from index transfers_first on (0: the whole list, a
+  collector rebuilds its histograms from it); preemptions / role_switches: totals so far;
+  fallbacks: fallback kind -> requests that took it (summary.json's faults.fell_back)."""
   instances: list[InstanceState]
   preemptions: int
   transfers: list[dict]
   role_switches: int
   fallbacks: dict[str, int]
+  transfers_first: int = 0
 
 
-class _RequestTotals:
-  """Per-request cumulative numbers over an append-only request list: fallbacks by kind and
-  prefix-cache tokens queried / hit by prefill instance. A terminal request is folded in once;
-  the others are re-read at each snapshot, so a snapshot costs O(new + in flight)."""
-
-  def __init__(self):
-    self.seen, self.live = 0, []
-    self.base = {"fallbacks": collections.Counter(), "queries": collections.Counter(),
-                 "hits": collections.Counter()}
-
-  @staticmethod
-  def _add(r, acc: dict) -> None:
-    acc["fallbacks"].update(set(r.fallbacks))
-    if r.prefill_start_s is not None and r.prefill_instance:
-      acc["queries"][r.prefill_instance] += r.prompt_len
-      acc["hits"][r.prefill_instance] += r.cached_tokens
-
-  def totals(self, requests: list) -> dict:
-    new, self.seen = requests[self.seen:], len(requests)
-    live = []
-    for r in itertools.chain(self.live, new):
-      if r.status.terminal:
-        self._add(r, self.base)
-      else:
-        live.append(r)
-    self.live = live
-    out = {k: collections.Counter(v) for k, v in self.base.items()}
-    for r in live:
-      self._add(r, out)
-    return out
-
-
-_TOTALS_LOCK = threading.Lock()
-_TOTALS: list = [None, None]   # (the request list last seen, its _RequestTotals)
-
-
-def _request_totals(requests) -> dict:
-  """_RequestTotals of `requests`; kept between calls for the same (append-only) list."""
-  if not isinstance(requests, list):
-    return _RequestTotals().totals(list(requests))
-  with _TOTALS_LOCK:
-    if _TOTALS[0] is not requests or _TOTALS[1].seen > len(requests):
-      _TOTALS[:] = [requests, _RequestTotals()]
-    return _TOTALS[1].totals(requests)
-
-
-def engine_state(driver, requests=None) -> EngineState:
+def engine_state(driver, transfers_since: int = 0) -> EngineState:
   """Snapshot of a pdjax.scheduler.driver.Driver (call it on the driver's own thread, e.g.
-  through Inbox.call). It reads driver.workers, .transfers, .preemptions and .role_switches.
-  The driver keeps no tally of fallbacks nor of prefix-cache lookups, so these come from
-  `requests`: every request handed to the driver, terminal ones included (default:
-  `driver.requests` where the driver exposes its run's list; none otherwise: zeros)."""
-  if requests is None:
-    requests = getattr(driver, "requests", None) or []
-  totals = _request_totals(requests)
+  through Inbox.call). It reads driver.workers, .tally (prefix-cache tokens and fallbacks,
+  counted when they happened), .transfers from index `transfers_since` on (what the
+  collector has not folded yet: a scrape costs what is new, not the run's length; a list
+  shorter than that is a new driver's, read whole), .preemptions and .role_switches."""
+  transfers = driver.transfers
+  first = transfers_since if transfers_since <= len(transfers) else 0
+  new = list(transfers.since(first)) if hasattr(transfers, "since") else transfers[first:]
+  tally = driver.tally.snapshot()
   instances = []
   for w in driver.workers:
-    cached = w.tables.cache is not None
     instances.append(InstanceState(
         name=w.name, role=w.role, running=len(w.running), waiting=len(w.waiting),
         kv_pages_used=w.tables.num_used_pages, kv_pages_total=w.total_pages(),
-        prefix_queries=totals["queries"][w.name] if cached else 0,
-        prefix_hits=totals["hits"][w.name] if cached else 0))
+        prefix_queries=tally.prefix_queries[w.name], prefix_hits=tally.prefix_hits[w.name]))
   return EngineState(instances=instances, preemptions=int(driver.preemptions),
-                     transfers=list(driver.transfers), role_switches=len(driver.role_switches),
-                     fallbacks=dict(sorted(totals["fallbacks"].items())))
+                     transfers=new, role_switches=len(driver.role_switches),
+                     fallbacks=dict(sorted(tally.fallbacks.items())), transfers_first=first)
 
 
 class _Buckets:
@@ -174,17 +130,25 @@ class _EngineCollector:
     self._seen, self._failures = 0, 0
     self._seconds, self._bytes = _Buckets(TRANSFER_S_BUCKETS), _Buckets(TRANSFER_BYTES_BUCKETS)
 
+  def transfers_seen(self) -> int:
+    with self._lock:
+      return self._seen
+
   def update(self, state: EngineState) -> None:
     with self._lock:
-      if len(state.transfers) < self._seen:   # a new driver's list
+      first = state.transfers_first
+      if first == 0:                  # the whole list (a new driver's, perhaps): rebuilt
         self._reset_transfers()
-      for t in state.transfers[self._seen:]:
+      elif first > self._seen:
+        raise ValueError(f"a snapshot from transfer {first} on; {self._seen} folded so far")
+      for t in state.transfers[self._seen - first:]:   # (a concurrent scrape folded some)
         if t["ok"]:
           self._seconds.observe(float(t["seconds"]))
           self._bytes.observe(float(t["bytes"]))
         else:
           self._failures += 1
-      self._seen, self._state = len(state.transfers), state
+      self._seen = max(self._seen, first + len(state.transfers))
+      self._state = state
 
   def collect(self):
     """The families of the latest snapshot (before the first: counters at 0, no instances)."""
@@ -303,6 +267,10 @@ class ServerMetrics:
         itl.observe(g)
     if req.e2e_s is not None:
       self.e2e.labels(m, req.path).observe(req.e2e_s)
+
+  def transfers_seen(self) -> int:
+    """Transfer records folded into the histograms so far (engine_state's transfers_since)."""
+    return self._engine.transfers_seen()
 
   def update(self, state: EngineState) -> None:
     """Sets gauges and counters from a snapshot (counters take the snapshot's values)."""
