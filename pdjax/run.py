@@ -234,14 +234,16 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params,
   return summary, result
 
 
-def write_outputs(workdir: str, cfg, run: str, summary: dict, result) -> None:
+def write_outputs(workdir: str, cfg, run: str, summary: dict, result,
+                  requests_written: bool = False) -> None:
   """One run's folder: config.json, requests.jsonl, summary.json, report.md, trace.json and
-  plots/ (pdjax.run and pdjax.serve write the same)."""
+  plots/ (pdjax.run and pdjax.serve write the same; requests_written: pdjax.serve wrote
+  requests.jsonl as its requests ended)."""
   from pdjax.metrics import plots
   from pdjax.metrics.report import write_run_files
   from pdjax.metrics.trace import write_chrome_trace
-  write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": run}, requests=result.requests,
-                  summary=summary)
+  write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": run},
+                  requests=None if requests_written else result.requests, summary=summary)
   os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
   plots.plot_latency_cdfs({run: result.requests}, os.path.join(workdir, "plots", "latency_cdf.png"))
   plots.plot_tier_timeline(result.steps, result.samples, result.role_switches,

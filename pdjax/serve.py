@@ -19,6 +19,7 @@ does, and check the end-of-run invariants (every request terminal, every page ba
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import signal
@@ -33,6 +34,11 @@ from pdjax import run as run_lib   # defines --config and --workdir, shared with
 from pdjax.cli import fail, use_cpu_devices
 
 SWITCH_INTERVAL_S = 0.0005
+# glibc gives each thread that contends for the heap its own arena (up to 8 per core), and
+# memory freed in an arena stays with it: with the HTTP loop, the driver, the parsing threads
+# and XLA's pools, resident memory crept up ~35 MiB over the first few thousand requests
+# before it levelled off (benchmarks/server_soak.py); two arenas keep it flat.
+MALLOC_ARENA_MAX = 2
 # After the grace period: how long the cancelled requests' last events and the responses' last
 # bytes may take before uvicorn cancels what is left.
 DRAIN_TAIL_S = 5.0
@@ -53,9 +59,25 @@ def run_name(cfg) -> str:
   return "disaggregated" if cfg.mode == "compare" else cfg.mode
 
 
+def limit_malloc_arenas(arenas: int = MALLOC_ARENA_MAX) -> bool:
+  """mallopt(M_ARENA_MAX, arenas) on glibc, before the server's threads exist (the
+  environment's MALLOC_ARENA_MAX, when set, wins). False where there is no glibc."""
+  if "MALLOC_ARENA_MAX" in os.environ:
+    return False
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+  except OSError:   # not glibc (macOS, musl): its allocator, its rules
+    return False
+  return bool(libc.mallopt(M_ARENA_MAX, arenas))
+
+
+M_ARENA_MAX = -8   # glibc's malloc.h
+
+
 def main(argv) -> None:
   if len(argv) > 1:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  limit_malloc_arenas()
   logging.set_verbosity(logging.WARNING)
   try:
     cfg = run_lib.CONFIG.value
@@ -91,20 +113,24 @@ def main(argv) -> None:
     fail(f"config error: {e.args[0]}")
   name = _NAME.value or cfg.model.checkpoint or cfg.model.preset
   run = run_name(cfg)
+  os.makedirs(workdir, exist_ok=True)
   with run_lib.ray_cluster_for(cfg) as ray_cluster:
-    result, instances, error = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer,
-                                      stop_ids, name)
+    engine, result, instances, error = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer,
+                                              stop_ids, name, workdir)
     summary = run_lib.summarize_run(cfg, run, result, instances)
     summary["run_info"] = run_lib.run_info_of(cfg, mcfg, run, workload={
         "kind": "http", "requests": len(result.requests)})
-  run_lib.write_outputs(workdir, cfg, run, summary, result)
+  run_lib.write_outputs(workdir, cfg, run, summary, result, requests_written=True)
+  engine.close()
   print(f"results: {workdir}", flush=True)
   if error is not None:   # written what it could; the crash is an error exit
     sys.exit(f"the engine stopped: {type(error).__name__}: {error}")
 
 
-def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
-  """Builds the instances, serves HTTP until a signal, then drains; (RunResult, instances)."""
+def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir):
+  """Builds the instances, serves HTTP until a signal, then drains; (engine, RunResult,
+  instances, the driver thread's crash or None). requests.jsonl is written into workdir as
+  requests end."""
   from pdjax.server import protocol
   from pdjax.server.app import make_app
   from pdjax.server.engine import OnlineEngine
@@ -116,7 +142,8 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
   mode, instances, serve_kwargs = run_lib.build_run(cfg, mcfg, run, params, ray_cluster)
   metrics = ServerMetrics(model_name=name)
   engine = OnlineEngine(mode, instances, tokenizer=tokenizer, eos_ids=stop_ids,
-                        metrics=metrics, **serve_kwargs)
+                        metrics=metrics, requests_path=os.path.join(workdir, "requests.jsonl"),
+                        **serve_kwargs)
   engine.start()
   web = make_app(engine, model_name=name, max_model_len=cfg.kv.max_model_len,
                  vocab_size=mcfg.vocab_size, metrics=metrics,
@@ -134,8 +161,8 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name):
   finally:
     engine.detach()       # the loop is closed: the driver must not send to it
   if engine.error is not None:   # the driver thread crashed (logged): its requests failed
-    return engine.result, instances, engine.error
-  return engine.stop(0.0), instances, None   # drained by the server already: no second grace
+    return engine, engine.result, instances, engine.error
+  return engine, engine.stop(0.0), instances, None   # drained by the server: no second grace
 
 
 class _Server(uvicorn.Server):

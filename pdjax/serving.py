@@ -23,13 +23,24 @@ def driver_options(opts, max_decode_batch: int, pool_pages: int | None = None) -
 
 
 def serve(mode: str, instances: list, requests: list[Request],
-          on_progress=None, policies=None, clock=None, transfer_fn=None,
-          injector=None, inbox=None, listener=None, **overrides) -> RunResult:
-  """policies: a `pdjax.scheduler.policies.Policies` (default: least_loaded routers,
-  always_disagg, no admission control, prefill_first, no role switching). clock and
-  transfer_fn default to the real engine's (wall clock, device KV transfer); the simulator
-  passes its virtual clock and simulated transfer. injector: a FaultInjector (default: no
-  faults); inbox / listener: online serving (see Driver.run); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...; overlap
+          on_progress=None, inbox=None, listener=None, **kwargs) -> RunResult:
+  """Serves `requests` (and an `inbox`'s, until it closes) on `instances` with `make_driver`'s
+  driver (kwargs: its arguments), then checks the end-of-run invariants. inbox / listener:
+  online serving (see Driver.run)."""
+  driver = make_driver(mode, instances, **kwargs)
+  result = driver.run(requests, on_progress=on_progress, inbox=inbox, listener=listener)
+  check_end_state(result, instances)
+  return result
+
+
+def make_driver(mode: str, instances: list, policies=None, clock=None, transfer_fn=None,
+                injector=None, spill_dir: str | None = None, **overrides) -> Driver:
+  """The driver of one run on `instances`. policies: a `pdjax.scheduler.policies.Policies`
+  (default: least_loaded routers, always_disagg, no admission control, prefill_first, no role
+  switching). clock and transfer_fn default to the real engine's (wall clock, device KV
+  transfer); the simulator passes its virtual clock and simulated transfer. injector: a
+  FaultInjector (default: no faults); spill_dir: where a long-lived run keeps its records
+  (Driver); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...; overlap
   also takes "auto", the default: see `resolve_overlap`)."""
   opts = instances[0].opts
   overrides["overlap"] = resolve_overlap(overrides.get("overlap", "auto"), instances)
@@ -39,11 +50,9 @@ def serve(mode: str, instances: list, requests: list[Request],
     from pdjax.engine.transfer import transfer_kv_async as transfer_fn
   pool = min(inst.tables.allocator.num_pages for inst in instances)
   options = dataclasses.replace(driver_options(opts, max_batch, pool), **overrides)
-  driver = Driver(mode, workers, options=options, clock=clock or WallClock(),
-                  transfer_fn=transfer_fn, policies=policies, injector=injector)
-  result = driver.run(requests, on_progress=on_progress, inbox=inbox, listener=listener)
-  check_end_state(result, instances)
-  return result
+  return Driver(mode, workers, options=options, clock=clock or WallClock(),
+                transfer_fn=transfer_fn, policies=policies, injector=injector,
+                spill_dir=spill_dir)
 
 
 def resolve_overlap(setting, instances: list) -> bool:
@@ -84,15 +93,16 @@ def check_end_state(result: RunResult, instances: list) -> None:
   """Fails the run loudly unless every request is in exactly one terminal state, the status
   counts add up, every pool's bookkeeping holds, no block table is left and every page is
   free (idle prefix-cached pages count as free)."""
-  open_requests = [r.id for r in result.requests if not r.status.terminal]
+  open_requests, ids, by_status = [], set(), {}
+  for r in result.requests:   # one pass: a long-lived server's requests are read from disk
+    if not r.status.terminal:
+      open_requests.append(r.id)
+    if r.id in ids:
+      raise InvariantViolation(f"request id {r.id!r} appears twice in the run's results")
+    ids.add(r.id)
+    by_status[r.status.value] = by_status.get(r.status.value, 0) + 1
   if open_requests:
     raise InvariantViolation(f"requests not terminal at the end of the run: {open_requests[:5]}")
-  ids = [r.id for r in result.requests]
-  if len(set(ids)) != len(ids):
-    raise InvariantViolation("a request id appears twice in the run's results")
-  by_status: dict[str, int] = {}
-  for r in result.requests:
-    by_status[r.status.value] = by_status.get(r.status.value, 0) + 1
   if sum(by_status.values()) != len(result.requests):
     raise InvariantViolation(f"status counts {by_status} do not add up to {len(ids)}")
   for inst in instances:

@@ -97,7 +97,7 @@ def test_stop_string_ends_the_request_early(server):
   assert r.json()["choices"][0]["text"] == "23"          # 102 103 104 105: "45" ends it
   assert r.json()["choices"][0]["finish_reason"] == "stop"
   assert r.json()["usage"]["completion_tokens"] == 4
-  (req,) = [q for q in engine.requests if q.id == r.json()["id"]]
+  (req,) = [q for q in engine.ended_requests() if q.id == r.json()["id"]]
   assert req.status.value == "finished" and req.output_ids == [102, 103, 104, 105]
 
 

@@ -181,7 +181,7 @@ def test_api_keys_are_required_and_decide_the_tenant(keyed):
     assert _error(client.get("/v1/models", headers=headers))[0] == 401
   assert client.get("/v1/models", headers={"Authorization": "Bearer key-a"}).status_code == 200
   rid = _ask(client, "key-b")
-  assert [r.tenant for r in engine.requests if r.id == rid] == ["team-b"]
+  assert [r.tenant for r in engine.ended_requests() if r.id == rid] == ["team-b"]
 
 
 def test_tenants_and_cache_salts_never_share_prefix_hits(keyed):
@@ -191,7 +191,7 @@ def test_tenants_and_cache_salts_never_share_prefix_hits(keyed):
            _ask(client, "key-b"),                       # another tenant: no hit
            _ask(client, "key-a", cache_salt="s1"),      # team-a, another salt: no hit
            _ask(client, "key-a", cache_salt="s1")]      # the same salt again: hit
-  by_id = {r.id: r for r in engine.requests}
+  by_id = {r.id: r for r in engine.ended_requests()}
   assert [by_id[i].cached_tokens for i in order] == [0, 8, 0, 0, 8]
 
 

@@ -166,6 +166,6 @@ def test_the_driver_never_sends_to_a_closed_loop():
   req = asyncio.run(handler())     # the loop closes with ~19 tokens (0.19 s) still to come
   assert not req.status.terminal
   result = engine.stop(0.0)        # no "Event loop is closed" from the driver's thread
-  assert result.requests == [req]
+  assert list(result.requests) == [req]
   assert (req.status, req.reason) == (Status.CANCELLED, "cancelled by the client (shutdown)")
   assert inst.tables.num_used_pages == 0

@@ -83,9 +83,10 @@ def write_run_files(workdir: str, *, config_dict: dict,
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(config_dict, f, indent=2, sort_keys=True)
-  with open(os.path.join(workdir, "requests.jsonl"), "w") as f:
-    for r in requests:
-      f.write(json.dumps(r.to_record()) + "\n")
+  if requests is not None:
+    with open(os.path.join(workdir, "requests.jsonl"), "w") as f:
+      for r in requests:
+        f.write(json.dumps(r.to_record()) + "\n")
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   with open(os.path.join(workdir, "report.md"), "w") as f:

@@ -19,7 +19,7 @@ import os
 import pickle
 from collections.abc import Iterator
 
-KEEP = 4096
+KEEP = 512
 
 
 class SpilledList:

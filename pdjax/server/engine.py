@@ -13,12 +13,19 @@ Draining (shutdown): no new request is taken (`draining`); `abort_all` cancels w
 (reason "cancelled by the client (shutdown)"); `detach` drops every handler's queue before the
 handlers' loop closes (the driver never touches a closed loop: sends happen under the lock that
 `detach` takes); `stop` closes the inbox and joins the thread, which returns the RunResult.
+Memory stays flat however long it serves: a request leaves the engine and the driver once it
+ends (written to `requests_path`, one requests.jsonl line each, as it ends; the driver keeps
+it, and its step, sample and transfer records, in files under a private folder: Driver's
+spill_dir), so RunResult.requests holds them in the order they ended. `close` deletes that
+folder once the run's outputs are written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import tempfile
 import threading
 import time
 import traceback
@@ -51,20 +58,23 @@ class _Channel:
 class OnlineEngine:
 
   def __init__(self, mode: str, instances: list, *, tokenizer, eos_ids: tuple[int, ...],
-               metrics=None, **serve_kwargs):
-    """serve_kwargs: what serving.serve takes besides the requests (policies, injector,
-    transfer_fn, DriverOptions overrides)."""
+               metrics=None, requests_path: str | None = None, **serve_kwargs):
+    """serve_kwargs: what serving.make_driver takes besides the clock (policies, injector,
+    transfer_fn, DriverOptions overrides). requests_path: where each request's requests.jsonl
+    line is written as it ends (default: nowhere)."""
     self.mode, self.instances, self.tokenizer, self.eos_ids = mode, instances, tokenizer, eos_ids
     self.metrics = metrics
-    self.clock = WallClock()
+    self._spill = tempfile.TemporaryDirectory(prefix="pdjax-serve-")
+    self._records = open(requests_path, "w") if requests_path else None  # pylint: disable=consider-using-with
+    self.driver = serving.make_driver(mode, instances, clock=WallClock(),
+                                      spill_dir=self._spill.name, **serve_kwargs)
+    self.clock = self.driver.clock
     self.inbox = Inbox()
     self.draining = False
     self.result = None          # the RunResult, once the thread ended
     self.error: BaseException | None = None
-    self._serve_kwargs = serve_kwargs
     self._channels: dict[int, _Channel] = {}
-    self._live: dict[int, Request] = {}
-    self.requests: list[Request] = []   # every request submitted, in order
+    self._live: dict[int, Request] = {}   # submitted, not terminal yet
     self._aborts: list = []             # futures of abort_all's cancellations (checked by stop)
     self._lock = threading.Lock()
     self._thread = threading.Thread(target=self._run, name="pdjax-driver", daemon=True)
@@ -74,26 +84,30 @@ class OnlineEngine:
 
   def _run(self) -> None:
     try:
-      self.result = serving.serve(self.mode, self.instances, [], clock=self.clock,
-                                  inbox=self.inbox, listener=self, **self._serve_kwargs)
+      self.result = self.driver.run([], inbox=self.inbox, listener=self)
+      serving.check_end_state(self.result, self.instances)
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by stop())
       self._crashed(e)
 
   def _crashed(self, e: BaseException) -> None:
     """The driver thread died: logged once with its traceback; every request not yet terminal
     fails with the reason (its handler answers 500); `result` holds what can still be written
-    (the requests, no steps). `/health` answers 500 and the server exits non-zero."""
+    (the requests, the records so far). `/health` answers 500 and the server exits non-zero."""
     logger.error("the driver thread died:\n%s", "".join(traceback.format_exception(e)).rstrip())
     reason = f"the engine stopped: {type(e).__name__}: {e}"
     now = self.clock.now()
+    d = self.driver
     with self._lock:
-      for req in self.requests:
+      for req in self._live.values():   # (a terminal one: the driver kept it, on_finish died)
         if not req.status.terminal:
           req.finish(Status.FAILED, now, reason)
+          d.requests.append(req)
+        self._write(req)
       self._live.clear()
       for ch in self._channels.values():   # nobody waits forever on a driver that died
         ch.send(("error", reason))
-      self.result = RunResult(list(self.requests), [], now, [], [], [], 0)
+      self.result = RunResult(d.requests, d.transfers, now, d.steps, d.samples,
+                              d.role_switches, d.preemptions, d.flushes, tally=d.tally)
     self.error = e   # last: whoever sees it sees the failed requests and the result
 
   @property
@@ -119,13 +133,11 @@ class OnlineEngine:
     with self._lock:
       self._channels[id(req)] = _Channel(asyncio.get_running_loop(), queue, stream)
       self._live[id(req)] = req
-      self.requests.append(req)
     try:
       self.inbox.submit(req)
     except RuntimeError:
       with self._lock:
         del self._channels[id(req)], self._live[id(req)]
-        self.requests.remove(req)
       raise Draining("the server is shutting down") from None
     return req
 
@@ -158,14 +170,33 @@ class OnlineEngine:
     if self.metrics is not None:
       self.metrics.request_finished(req)
     with self._lock:
-      ch = self._channels.pop(id(req), None)
       self._live.pop(id(req), None)
+      self._write(req)            # under the lock: a crash path sees it written or live
+      ch = self._channels.pop(id(req), None)
       if ch is None:
         return
       rest = ch.stream.finish() if ch.stream else ""
       if rest:
         ch.send(("text", rest, len(req.output_ids), None))
       ch.send(("end", req, bool(ch.stream and ch.stream.stopped)))
+
+  def _write(self, req: Request) -> None:
+    if self._records is not None:
+      self._records.write(json.dumps(req.to_record()) + "\n")
+      self._records.flush()     # a process killed outright still leaves its ended requests
+
+  def ended_requests(self) -> list[Request]:
+    """Every request that ended so far, in that order (read back from the driver's files, on
+    its thread: for tests and debugging, not for a hot path)."""
+    if not self.alive:
+      return list(self.driver.requests)
+    return self.inbox.call(lambda d: list(d.requests)).result(timeout=60)
+
+  def close(self) -> None:
+    """Deletes the driver's record files (after the run's outputs are written)."""
+    if self._records is not None:
+      self._records.close()
+    self._spill.cleanup()
 
   # ---- shutdown --------------------------------------------------------------------------------
 
