@@ -17,7 +17,7 @@ import torch
 from conftest import tiny_engine_options
 from pdjax import serving
 from pdjax.distributed.launcher import RayCluster
-from pdjax.distributed.remote import split_pieces
+from pdjax.distributed.ray_transfer import split_pieces
 from pdjax.engine.cluster import build_instances
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec

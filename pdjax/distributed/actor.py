@@ -18,7 +18,15 @@ server under a uuid; `pull` fetches them by that uuid from the source's server, 
 with a deadline) until every piece has arrived, then scatters them into this pool
 (`land_shards`). A piece that never arrives raises DeviceError at the deadline and nothing is
 written; a piece that arrives broken (its source died) raises DeviceError before the scatter,
-so the pool is never poisoned.
+so the pool is never poisoned. The driver's deadline runs from the offer's dispatch, the
+pull's from when the actor starts it: a pull may still be waiting after the driver gave up on
+it and gave its pages to another request. Each pull carries its destination allocation's
+epoch and the driver names the epochs it gave up on in every later step and pull it sends
+here; a pull whose epoch was given up is dropped before it scatters. An offer whose pull
+never ran (its destination died, or dropped it as late) expires when no pull of it can still
+be wanted (`ttl_s`: the pull deadline plus the driver's grace): the source takes it back from
+its own server, so its pieces do not stay there forever. The driver `settle`s the offers
+whose pull ran (taken, or to be taken by that pull), which never expire.
 """
 
 from __future__ import annotations
@@ -40,9 +48,10 @@ from pdjax.engine.instance import Instance
 from pdjax.engine.options import EngineOptions
 from pdjax.engine.runtime import device_errors
 from pdjax.models.llama_config import LlamaConfig
-from pdjax.scheduler.errors import DeviceError
+from pdjax.scheduler.errors import DeviceError, PullNotStarted, StepNotRun
 
 PULL_POLL_S = 0.0005   # how often a pull in flight is checked
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +87,10 @@ class InstanceActor:
     self.server = jax_transfer.start_transfer_server(devices[0].client, f"{host}:0",
                                                      [f"{host}:0"])
     self._connections: dict[str, object] = {}
+    self._revoked: set[int] = set()   # epochs of pulls the driver gave up on (never land)
+    self._offers: dict[int, list] = {}   # uuid -> its pieces' avals, until settled or expired
+    self._self_connection = None
+    self.offers_expired = 0
     self._next_seq = 0              # the sequence number of the next step to dispatch
     self._turn: asyncio.Condition | None = None
     self._last: tuple[int, object] | None = None   # (seq, PendingTokens) last dispatched
@@ -112,10 +125,15 @@ class InstanceActor:
       self._next_seq += 1
       self._turn.notify_all()
 
-  async def step(self, seq: int, kind: str, seqs: list, prev_seq: int | None) -> dict:
+  async def step(self, seq: int, kind: str, seqs: list, prev_seq: int | None,
+                 revoked: tuple[int, ...] = ()) -> dict:
     """Dispatches step `seq` (after every earlier one), waits for its tokens off the event loop
     and returns them with its host timings and the compile counters. prev_seq: the step whose
-    device tokens feed PendingToken rows (the one dispatched just before)."""
+    device tokens feed PendingToken rows (the one dispatched just before). When that step
+    failed at dispatch (DeviceError), this one is not launched and raises StepNotRun: with
+    overlap the driver dispatches a step before it can know the one before it failed.
+    revoked: pulls the driver gave up on (see `pull`)."""
+    self._revoked.update(revoked)   # before any await: no late pull lands after this step
     await self._in_order(seq)
     try:
       prev = None
@@ -124,8 +142,16 @@ class InstanceActor:
           raise ValueError(f"step {seq} takes tokens of step {prev_seq}, the last dispatched "
                            f"is {self._last and self._last[0]}")
         prev = self._last[1]
+        if prev is None:           # its input tokens were never computed: not launched
+          self._last = (seq, None)
+          raise StepNotRun(f"step {seq} was not run: step {prev_seq}, whose tokens it takes, "
+                           f"failed")
       launch = self.inst.prefill if kind == "prefill" else self.inst.decode
-      pending = launch(seqs, prev)
+      try:
+        pending = launch(seqs, prev)
+      except DeviceError:
+        self._last = (seq, None)   # a step dispatched ahead on its tokens is not run either
+        raise
       self._last = (seq, pending)
     finally:
       await self._advance()
@@ -135,23 +161,72 @@ class InstanceActor:
 
   # ---- KV transfer -------------------------------------------------------------------------
 
-  async def offer(self, uuid: int, pieces: list[list[int]], dst_tp: int) -> int:
+  async def offer(self, uuid: int, pieces: list[list[int]], dst_tp: int,
+                  ttl_s: float) -> int:
     """Gathers the pages (one list per bucket-sized piece) into pieces shaped for a TP-dst_tp
     puller and offers them under uuid; returns their bytes. The pool's pages may be freed
-    once the pull is acknowledged: the pieces are copies."""
+    once the pull is acknowledged: the pieces are copies. An offer the driver has not
+    `settle`d within ttl_s (its pull never ran: the destination died, or dropped it as
+    late) expires: this actor pulls it from its own server and drops it, freeing the pieces
+    (jax's own await_pull timeout is not used: in jax 0.10.2 an expired entry made later,
+    valid pulls on the same server hang)."""
     with device_errors():
       shards = transfer.gather_shards(self.inst, [np.asarray(p, np.int32) for p in pieces],
                                       dst_tp)
       self.server.await_pull(uuid, shards)
+    self._offers[uuid] = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=s.sharding)
+                          for s in shards]
+    asyncio.get_running_loop().call_later(ttl_s, self._expire, uuid)
     return sum(int(s.nbytes) for s in shards)
 
-  async def pull(self, uuid: int, address: str, pieces: list[list[int]],
-                 timeout_s: float) -> dict:
+  async def settle(self, uuids: list[int]) -> None:
+    """The driver saw these offers' pulls run: they are taken (or will be), never expire."""
+    for uuid in uuids:
+      self._offers.pop(uuid, None)
+
+  def _expire(self, uuid: int) -> None:
+    """Takes an unsettled offer back: a pull from this actor's own server whose result is
+    dropped at once (measured: the pieces' memory is freed once it lands). Should a late pull
+    have taken the offer after all, this pull waits forever, which costs no memory (100
+    such 4 MB pulls left the process's RSS unchanged) and delays no other pull."""
+    avals = self._offers.pop(uuid, None)
+    if avals is None:
+      return
+    if self._self_connection is None:
+      self._self_connection = self.server.connect(self.server.address())
+    with device_errors():
+      self._self_connection.pull(uuid, avals)
+    self.offers_expired += 1
+
+  async def offer_counts(self) -> dict:
+    """{"held": offers neither settled nor expired, "expired": offers expired so far}."""
+    return {"held": len(self._offers), "expired": self.offers_expired}
+
+  async def pull(self, uuid: int, address: str, pieces: list[list[int]], timeout_s: float,
+                 epoch: int = 0, revoked: tuple[int, ...] = ()) -> dict:
     """Pulls offer `uuid` from the transfer server at `address` into this pool's pages (one
     list per piece, the offer's sizes) and returns {"bytes", "seconds"} once every piece is
-here and its scatter is dispatched (later steps on this pool see the pages). Raises
-    DeviceError when the pieces are not all here within timeout_s, or arrive broken."""
+    here and its scatter is dispatched (later steps on this pool see the pages). Raises
+    DeviceError when the pieces are not all here within timeout_s, or arrive broken.
+    epoch: this destination allocation's number (RemoteInstance). The driver gives up on a
+    pull on its own clock and then reuses its pages; every later step or pull it sends here
+    names the pulls it gave up on (`revoked`), so a pull checks its epoch before scattering:
+    a late one is dropped (DeviceError), never landed into pages another request now owns."""
     start = time.perf_counter()
+    self._revoked.update(revoked)
+    try:
+      return await self._pull(uuid, address, pieces, timeout_s, epoch, start)
+    finally:
+      self._revoked.discard(epoch)
+
+  def _check_epoch(self, epoch: int, address: str, error=DeviceError) -> None:
+    if epoch in self._revoked:
+      raise error(f"KV pull from {address} dropped: the driver gave up on it (epoch "
+                  f"{epoch}) and its pages may belong to another request")
+
+  async def _pull(self, uuid: int, address: str, pieces: list[list[int]], timeout_s: float,
+                  epoch: int, start: float) -> dict:
+    self._check_epoch(epoch, address, PullNotStarted)   # the offer is left to expire
     inst = self.inst
     devices = list(inst.mesh.devices.flat)
     avals = [jax.ShapeDtypeStruct(transfer.shard_shape(inst, len(p)), inst.dtype,
@@ -165,8 +240,10 @@ here and its scatter is dispatched (later steps on this pool see the pages). Rai
       if time.perf_counter() - start > timeout_s:
         raise DeviceError(f"KV pull from {address} not complete after {timeout_s:g} s")
       await asyncio.sleep(PULL_POLL_S)
+      self._check_epoch(epoch, address)
     with device_errors():
       for a in arrays:
         a.block_until_ready()   # a piece whose source died raises here, before the scatter
+      self._check_epoch(epoch, address)   # no await from here to the scatter's dispatch
       transfer.land_shards(inst, arrays, [np.asarray(p, np.int32) for p in pieces])
     return {"bytes": sum(int(a.nbytes) for a in arrays), "seconds": time.perf_counter() - start}

@@ -23,7 +23,8 @@ import warnings
 import ray
 
 from pdjax.distributed.actor import ActorSpec, InstanceActor
-from pdjax.distributed.remote import RayTransfer, RemoteInstance, ray_result
+from pdjax.distributed.ray_transfer import RayTransfer
+from pdjax.distributed.remote import RemoteInstance
 
 ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
 
@@ -32,12 +33,12 @@ class RayCluster:
 
   def __init__(self, address: str = "", accelerator: str = "auto",
                transfer_host: str = "127.0.0.1", pull_timeout_s: float = 30.0,
-               compile_cache_dir: str = ""):
+               compile_cache_dir: str = "", transfer_timeout_s: float = 0.0):
     if accelerator not in ACCELERATORS:
       raise ValueError(f"accelerator must be one of {ACCELERATORS}, got {accelerator!r}")
     self.address, self.accelerator = address, accelerator
     self.transfer_host, self.compile_cache_dir = transfer_host, compile_cache_dir
-    self.transfer_fn = RayTransfer(pull_timeout_s)
+    self.transfer_fn = RayTransfer(pull_timeout_s, transfer_timeout_s)   # (see RayTransfer)
     self._started_ray = False
     self._live: list[RemoteInstance] = []
 
@@ -114,8 +115,8 @@ class RayCluster:
         for n in src.opts.transfer_buckets:   # destination ids out of range: nothing written
           pulls.append((dst, self.transfer_fn.dispatch(src, [[0] * n], dst,
                                                        [[dst.opts.num_pages] * n])))
-    for dst, t in pulls:
-      ray_result(t.pull, dst.name)
+    for _, t in pulls:
+      t.result()     # (and settled: a taken offer never expires)
 
   def _new_actor(self, spec: ActorSpec):
     return ray.remote(InstanceActor).options(**self.actor_options(spec.tp)).remote(spec)

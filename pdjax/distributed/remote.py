@@ -11,26 +11,19 @@ Failures, as the driver expects them: a DeviceError raised in the actor arrives 
 the actor's process gone (killed, crashed) arrives as `InstanceLost`; any other exception in
 the actor is a bug and propagates as Ray raised it.
 
-`RayTransfer` is the transfer function of a Ray run: the source actor offers the pages on its
-transfer server, the destination actor pulls them (see actor.py); the driver frees the source
-pages when it sees the pull acknowledged (`ready()`), as for an in-process transfer.
+The transfer function of a Ray run (`RayTransfer`, actor to actor) is in ray_transfer.py;
+RemoteInstance keeps its destination side's pull epochs.
 """
 
 from __future__ import annotations
 
 import itertools
-import random
-import time
 
 import ray
 
 from pdjax.cli import first_and_last_line
-from pdjax.engine.transfer import transfer_pieces
 from pdjax.kv.pages import BlockTables
-from pdjax.kv.transfer_result import TransferResult
 from pdjax.scheduler.errors import DeviceError, InstanceLost
-
-DEADLINE_GRACE_S = 5.0   # the driver gives up on a pull this long after the actor's deadline
 
 
 def ray_result(ref, name: str):
@@ -40,8 +33,8 @@ def ray_result(ref, name: str):
   except ray.exceptions.RayActorError as e:
     raise InstanceLost(f"{name}'s process is gone: {first_and_last_line(str(e))}") from e
   except ray.exceptions.RayTaskError as e:
-    if isinstance(e.cause, DeviceError):
-      raise DeviceError(str(e.cause)) from e
+    if isinstance(e.cause, DeviceError):   # (its kind kept: StepNotRun is planned again)
+      raise type(e.cause)(str(e.cause)) from e
     raise
 
 
@@ -85,7 +78,12 @@ COUNTERS = ("compiles", "compiles_from_cache", "lazy_compiles", "lazy_compile_s"
 
 class RemoteInstance:
   """An instance in its own process. `start` builds a fresh actor; `kill` ends its process;
-  `restart` (after a kill) starts a new, empty one with the same programs."""
+  `restart` (after a kill) starts a new, empty one with the same programs.
+
+  Pull epochs: every pull into this instance gets the next epoch (`next_epoch`); a pull the
+  driver gives up on is `revoke`d, and every step and pull sent here afterwards carries the
+  revoked epochs whose pull has not returned yet (`revoked`), so the actor drops such a pull
+  before it scatters into pages the driver has given to another request."""
 
   device_tokens = True
 
@@ -96,12 +94,16 @@ class RemoteInstance:
     self.counters = dict.fromkeys(COUNTERS, 0)
     self.actor = None
     self.alive = False
+    self._epochs = itertools.count(1)
+    self._revoked: dict[int, object] = {}   # epoch -> its RemoteTransfer (ray_transfer.py),
+                                            # until the pull returns
 
   # ---- life cycle (the launcher starts many at once: start, then finish_start) ---------------
 
   def start(self):
     """Creates the actor and asks it to describe itself and warm up; returns the refs."""
     self.actor, self._seq = self._new_actor(self.spec), 0
+    self._revoked.clear()            # a new process: no pull of the old one can land in it
     return self.actor.describe.remote(), self.actor.warm_up.remote(**self._warm_up_args)
 
   def finish_start(self, refs) -> None:
@@ -122,6 +124,22 @@ class RemoteInstance:
     without waiting; the driver brings the instance back when the start is ready. The
     host-side tables were reset by the driver when the instance died."""
     return PendingStart(self, self.start())
+
+  # ---- pull epochs ---------------------------------------------------------------------------
+
+  def next_epoch(self) -> int:
+    return next(self._epochs)
+
+  def revoke(self, epoch: int, transfer) -> None:
+    """The driver gave up on pull `epoch` (and will reuse its pages): it must never land."""
+    self._revoked[epoch] = transfer
+
+  def revoked(self) -> tuple[int, ...]:
+    """The revoked epochs whose pull may still land (its call has not returned). A pull that
+    returned is forgotten, its offer settled if it took it."""
+    for epoch in [e for e, t in self._revoked.items() if is_ready(t.pull)]:
+      self._revoked.pop(epoch).settle_if_taken()
+    return tuple(self._revoked)
 
   # ---- what the driver reads -----------------------------------------------------------------
 
@@ -151,7 +169,8 @@ class RemoteInstance:
 
   def _step(self, kind: str, seqs, prev: RemotePending | None) -> RemotePending:
     seq, self._seq = self._seq, self._seq + 1
-    ref = self.actor.step.remote(seq, kind, seqs, None if prev is None else prev.seq)
+    ref = self.actor.step.remote(seq, kind, seqs, None if prev is None else prev.seq,
+                                 self.revoked())
     return RemotePending(ref, seq, self)
 
 
@@ -172,89 +191,3 @@ class PendingStart:
 
   def result(self) -> None:
     self.instance.finish_start(self.refs)
-
-
-class RemoteTransfer:
-  """A pull in flight: ready() once the destination acknowledged it (or it failed, or the
-  driver's own deadline passed: the destination's deadline plus DEADLINE_GRACE_S);
-  result() -> TransferResult or DeviceError. seconds: dispatch to the driver seeing it."""
-
-  def __init__(self, pull, offer, start: float, deadline_s: float, bytes_needed: int,
-               names: tuple[str, str]):
-    self.pull, self.offer, self.start, self.deadline_s = pull, offer, start, deadline_s
-    self.bytes_needed, self.names = bytes_needed, names
-    self._seconds: float | None = None
-    self._late = False
-
-  wait_any = staticmethod(wait_any)
-
-  def refs_to_wait(self) -> list:
-    return [self.pull] + ([] if is_ready(self.offer) else [self.offer])
-
-  def ready(self) -> bool:
-    if self._seconds is None:
-      now = time.perf_counter()
-      if is_ready(self.pull) or (is_ready(self.offer) and self._offer_failed()):
-        self._seconds = now - self.start
-      elif now - self.start > self.deadline_s + DEADLINE_GRACE_S:
-        self._seconds, self._late = now - self.start, True
-    return self._seconds is not None
-
-  def _offer_failed(self) -> bool:
-    try:
-      ray_result(self.offer, self.names[0])
-    except DeviceError:
-      return True
-    return False
-
-  def result(self) -> TransferResult:
-    src, dst = self.names
-    if self._late:
-      raise DeviceError(f"KV pull {src}->{dst} not acknowledged in "
-                        f"{self.deadline_s + DEADLINE_GRACE_S:g} s")
-    if is_ready(self.offer):
-      ray_result(self.offer, src)          # the source's failure, if it failed
-    out = ray_result(self.pull, dst)
-    if self._seconds is None:
-      self._seconds = time.perf_counter() - self.start
-    self.bytes_moved = out["bytes"]
-    return TransferResult(bytes=out["bytes"], seconds=self._seconds)
-
-
-class RayTransfer:
-  """The transfer function of a Ray run (serving.serve's transfer_fn): moves exactly the pages
-  asked for, in bucket-sized pieces, from src's actor to dst's; every pull has a deadline of
-  timeout_s."""
-
-  def __init__(self, timeout_s: float):
-    self.timeout_s = timeout_s
-    self._uuids = itertools.count(random.getrandbits(40) << 20)
-
-  def __call__(self, src: RemoteInstance, src_pages: list[int], dst: RemoteInstance,
-               dst_pages: list[int]) -> RemoteTransfer:
-    if len(src_pages) != len(dst_pages):
-      raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} "
-                       f"destination")
-    return self.dispatch(src, split_pieces(src, src_pages), dst, split_pieces(src, dst_pages))
-
-  def dispatch(self, src, src_pieces, dst, dst_pieces) -> RemoteTransfer:
-    return self.pull(src, dst, dst_pieces, self.offer(src, src_pieces, dst))
-
-  def offer(self, src, src_pieces, dst) -> tuple[int, object, float]:
-    """The source half: (uuid, the offer call's ref, when it started)."""
-    start, uuid = time.perf_counter(), next(self._uuids)
-    return uuid, src.actor.offer.remote(uuid, src_pieces, dst.tp), start
-
-  def pull(self, src, dst, dst_pieces, offered: tuple[int, object, float]) -> RemoteTransfer:
-    """The destination half, for an offer made by `offer`."""
-    uuid, offer, start = offered
-    pull = dst.actor.pull.remote(uuid, src.address, dst_pieces, self.timeout_s)
-    needed = sum(len(p) for p in dst_pieces) * dst.page_bytes
-    return RemoteTransfer(pull, offer, start, self.timeout_s, needed, (src.name, dst.name))
-
-
-def split_pieces(src: RemoteInstance, pages: list[int]) -> list[list[int]]:
-  """pages cut into the transfer buckets' sizes (engine.transfer.transfer_pieces)."""
-  sizes = transfer_pieces(src.opts.transfer_buckets, len(pages))
-  bounds = list(itertools.accumulate([0] + sizes))
-  return [list(pages[a:b]) for a, b in zip(bounds, bounds[1:])]

@@ -1,7 +1,9 @@
 """Collecting a finished step: each prefill chunk's KV becomes computed (and cacheable); a
 completed prefill either starts decoding where it is or joins the transfer queue; every
 sampled token is appended, finishing requests at EOS or max_new_tokens (pages freed, their
-full pages named for the prefix cache). A DeviceError fails only the step's requests.
+full pages named for the prefix cache). A DeviceError fails only the step's requests; a step
+dispatched ahead on the tokens of a step that failed at dispatch in a Ray actor was never run
+(StepNotRun): its other requests are planned again, and no further step goes ahead of it.
 With overlap, the step dispatched ahead becomes the one in flight; its rows for requests that
 finished at this step (EOS, a cancel, a failure) are dropped when it is collected, so no
 token past a stop is ever emitted.
@@ -10,7 +12,7 @@ A mixin of `Driver`; pure Python."""
 from __future__ import annotations
 
 from pdjax.request import Request, Status
-from pdjax.scheduler.errors import DeviceError, InstanceLost
+from pdjax.scheduler.errors import DeviceError, InstanceLost, StepNotRun
 from pdjax.scheduler.worker import Worker
 
 
@@ -22,13 +24,22 @@ class Collect:
     plan = step.plan
     done_s = self.clock.now()   # the step was observed done (host phases: on the run's clock,
                                 # so a simulated run's are virtual, hence deterministic)
+    if self._ahead_of_failed.get(id(w)) is step:
+      del self._ahead_of_failed[id(w)]
     try:
       tokens = step.pending.result()
     except InstanceLost as e:   # its process died: the instance is dead, its requests move
       self._kill(w, why=f"lost its process ({e})", injected=False)
       return
+    except StepNotRun:          # dispatched ahead on the tokens of a step that failed
+      self._not_run(w, plan)
+      return
     except DeviceError as e:
       self._fail_plan(w, plan, f"{step.kind} step failed on {w.name}: {type(e).__name__}: {e}")
+      if w.inflight is not None and w.inflight.ahead:
+        # dispatched on this step's tokens: it fails or is not run; nothing more goes ahead
+        # of it, so the requests it holds are planned again once it is collected
+        self._ahead_of_failed[id(w)] = w.inflight
       return
     now = self.clock.now()
     readback_s = now - done_s
@@ -81,6 +92,13 @@ class Collect:
     # readback, this collection, the next plan and dispatch) — what overlap removes.
     w.host_wait_from = done_s if w.inflight is None and (w.running or w.waiting) else None
     self._offload_failed(w)   # naming computed pages may evict (a capacity-bound cache)
+
+  def _not_run(self, w: Worker, plan) -> None:
+    """A step the instance never launched (StepNotRun): nothing it planned happened, so its
+    requests stay where they are (waiting or running, their pages kept) and are planned
+    again; those it shared with the failed step before it are already terminal."""
+    self.fault_counts["steps_not_run"] = self.fault_counts.get("steps_not_run", 0) + 1
+    self._touch(w)
 
   def _host_wait(self, w: Worker, step) -> float:
     """Seconds the instance sat idle with work to do before `step` was dispatched."""

@@ -17,3 +17,14 @@ class InstanceLost(DeviceError):
   """The process that owned an instance's devices is gone (a Ray actor that died). The driver
   treats the instance as dead, exactly like an injected kill: its requests are recomputed on
   live instances of its tier or fail with the reason."""
+
+
+class StepNotRun(DeviceError):
+  """A step dispatched ahead (overlap) on the device tokens of the step before it, which failed
+  at dispatch in its instance's process: it was never launched (its input tokens do not
+  exist). Nothing it planned happened; the driver plans its requests again (Collect)."""
+
+
+class PullNotStarted(DeviceError):
+  """A Ray KV pull the destination dropped before asking the source for the offer (the driver
+  had given up on it): the offer was never taken, so it expires on the source."""

@@ -13,18 +13,23 @@ Every request still ends in exactly one terminal state and every page returns to
   - a dead instance: its step in flight is lost, its pages and cache are gone; its queued
     requests go to another live instance of the tier, its decoding requests are recomputed
     there (fallbacks); with none left, they fail with the reason. Routers never see a dead
-    instance; a restarted one comes back empty.
+    instance; a restarted one comes back empty, and one whose new process fails to start
+    (DeviceError, InstanceLost) stays dead, logged and counted (`restarts_failed`).
 """
 
 from __future__ import annotations
 
 import heapq
+import logging
 
 from pdjax.request import Request, Status
+from pdjax.scheduler.errors import DeviceError
 
 FALLBACK_TRANSFER = "transfer_failed:recompute_on_decode"
 FALLBACK_DEATH = "instance_died:rerouted"
 FALLBACK_DEATH_RECOMPUTE = "instance_died:recomputed"
+
+logger = logging.getLogger(__name__)
 
 
 class Recovery:
@@ -42,6 +47,8 @@ class Recovery:
     self._in_transfer: dict[int, tuple[Request, object, object]] = {}   # delayed, in flight
     self._pending_transfers: list = []    # (req, src, dst, pending) dispatched, not landed
     self._restarting: dict[int, tuple] = {}   # id(worker) -> (worker, its start in progress)
+    self._ahead_of_failed: dict[int, object] = {}   # id(worker) -> its step in flight, which
+                                                    # went ahead of a step that failed
     self.transfers_landed = 0
     self.transfer_errors: dict[str, int] = {}   # device-error reason -> failed attempts
     self.fault_counts: dict[str, int] = {"transfer_retries": 0, "transfers_recovered": 0,
@@ -233,6 +240,7 @@ class Recovery:
       self._draining.remove(w)
       w.draining_to = None
     w.inflight = w.ahead = None            # its steps' results are lost with the device
+    self._ahead_of_failed.pop(id(w), None)
     victims = list(w.waiting) + list(w.running)
     lost = [(r, s) for r, s in self.transfer_queue if s is w]
     lost += [(r, s) for r, s in self._retrying.values() if s is w]
@@ -265,8 +273,22 @@ class Recovery:
     for key, (w, pending) in list(self._restarting.items()):
       if pending.ready():
         del self._restarting[key]
-        pending.result()
+        try:
+          pending.result()
+        except DeviceError as e:   # InstanceLost included: the new process died starting
+          self._restart_failed(w, e)
+          continue
         self._back(w)
+
+  def _restart_failed(self, w, error: DeviceError) -> None:
+    """w's new process never came up: w stays dead (its requests already moved when it died,
+    and routers do not see it), what was started of it is ended, and the run goes on."""
+    logger.warning("%s: its restart failed (%s: %s); the instance stays dead", w.name,
+                   type(error).__name__, error)
+    self.fault_counts["restarts_failed"] = self.fault_counts.get("restarts_failed", 0) + 1
+    kill = getattr(w.instance, "kill", None)
+    if kill is not None:
+      kill()
 
   def _back(self, w) -> None:
     w.dead, self._tiers = False, None

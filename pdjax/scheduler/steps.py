@@ -102,9 +102,12 @@ class Steps:
   def _can_dispatch_ahead(self, w: Worker) -> bool:
     """Whether the next step may be dispatched now, before the step in flight is collected:
     only after a decode step (its requests' next positions are known; a prefill chunk's
-    progress is settled at collection) on an instance whose steps take device tokens."""
+    progress is settled at collection) on an instance whose steps take device tokens, unless
+    the step in flight was itself dispatched ahead of a step that failed (its tokens will not
+    come: Collect)."""
     return (self.opts.overlap and w.inflight is not None and w.ahead is None
-            and not w.inflight.plan.chunks and getattr(w.instance, "device_tokens", False))
+            and not w.inflight.plan.chunks and getattr(w.instance, "device_tokens", False)
+            and self._ahead_of_failed.get(id(w)) is not w.inflight)
 
   def _check_step_size(self, w: Worker, plan: StepPlan) -> None:
     """No instance ever plans a step larger than its largest compiled bucket: such a step

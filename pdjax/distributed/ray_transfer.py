@@ -1,0 +1,149 @@
+"""The transfer function of a Ray run: KV moved actor to actor, never through the driver.
+
+`RayTransfer` (serving.serve's transfer_fn): the source actor offers the pages on its transfer
+server, the destination actor pulls them (see actor.py); the driver frees the source pages when
+it sees the pull acknowledged (`RemoteTransfer.ready()`), as for an in-process transfer.
+
+Two deadlines, measured from different moments: the actor's (timeout_s from when the pull
+starts there) and the driver's (that plus DEADLINE_GRACE_S from the offer's dispatch). When
+the driver's passes first it frees the destination pages; the pull is then revoked on the
+destination (RemoteInstance's epochs), so it is dropped there, never landed. An offer whose
+pull never ran expires on its source (`offer_ttl_s`); one whose pull ran is `settle`d.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+from pdjax.distributed.remote import RemoteInstance, is_ready, ray_result, wait_any
+from pdjax.engine.transfer import transfer_pieces
+from pdjax.kv.transfer_result import TransferResult
+from pdjax.scheduler.errors import DeviceError, InstanceLost, PullNotStarted
+
+DEADLINE_GRACE_S = 5.0   # the driver gives up on a pull this long after the actor's deadline
+
+
+class RemoteTransfer:
+  """A pull in flight: ready() once the destination acknowledged it (or it failed, or the
+  driver's own deadline passed: the destination's deadline plus DEADLINE_GRACE_S, counted from
+  the offer's dispatch; the pull is then revoked on the destination, so it never lands);
+  result() -> TransferResult or DeviceError. seconds: dispatch to the driver seeing it."""
+
+  def __init__(self, pull, offer, start: float, deadline_s: float, bytes_needed: int,
+               names: tuple[str, str], dst: RemoteInstance | None = None, epoch: int = 0,
+               src: RemoteInstance | None = None, uuid: int = 0):
+    self.pull, self.offer, self.start, self.deadline_s = pull, offer, start, deadline_s
+    self.bytes_needed, self.names, self.dst, self.epoch = bytes_needed, names, dst, epoch
+    self.src, self.uuid = src, uuid
+    self._seconds: float | None = None
+    self._late = False
+
+  wait_any = staticmethod(wait_any)
+
+  def refs_to_wait(self) -> list:
+    return [self.pull] + ([] if is_ready(self.offer) else [self.offer])
+
+  def ready(self) -> bool:
+    if self._seconds is None:
+      now = time.perf_counter()
+      if is_ready(self.pull) or (is_ready(self.offer) and self._offer_failed()):
+        self._seconds = now - self.start
+      elif now - self.start > self.deadline_s + DEADLINE_GRACE_S:
+        self._seconds, self._late = now - self.start, True
+        if self.dst is not None:      # before the driver hears of it and frees the pages
+          self.dst.revoke(self.epoch, self)
+    return self._seconds is not None
+
+  def settle(self) -> None:
+    """Tells the source its offer was taken by this pull (or will be): it never expires."""
+    if self.src is not None and self.src.alive:
+      self.src.actor.settle.remote([self.uuid])
+
+  def settle_if_taken(self) -> None:
+    """For a pull that returned after the driver gave up on it: settles its offer unless the
+    pull never asked for it (dropped first, or its process died)."""
+    try:
+      ray_result(self.pull, self.names[1])
+    except (PullNotStarted, InstanceLost):
+      return
+    except DeviceError:
+      pass
+    self.settle()
+
+  def _offer_failed(self) -> bool:
+    try:
+      ray_result(self.offer, self.names[0])
+    except DeviceError:
+      return True
+    return False
+
+  def result(self) -> TransferResult:
+    src, dst = self.names
+    if self._late:
+      raise DeviceError(f"KV pull {src}->{dst} not acknowledged in "
+                        f"{self.deadline_s + DEADLINE_GRACE_S:g} s")
+    if is_ready(self.offer):
+      ray_result(self.offer, src)          # the source's failure, if it failed
+    try:
+      out = ray_result(self.pull, dst)
+    except (PullNotStarted, InstanceLost):   # the offer was not taken: it expires
+      raise
+    except DeviceError:
+      self.settle()
+      raise
+    self.settle()
+    if self._seconds is None:
+      self._seconds = time.perf_counter() - self.start
+    self.bytes_moved = out["bytes"]
+    return TransferResult(bytes=out["bytes"], seconds=self._seconds)
+
+
+class RayTransfer:
+  """The transfer function of a Ray run (serving.serve's transfer_fn): moves exactly the pages
+  asked for, in bucket-sized pieces, from src's actor to dst's; every pull has a deadline of
+  timeout_s (cluster.pull_timeout_s, shortened to transfer_timeout_s, kv.transfer_timeout_s,
+  when that is set). An offer expires on its source when no pull of it can be wanted any more:
+  the deadline plus the driver's grace after it is made (`offer_ttl_s`; 35 s with the
+  defaults: a 30 s pull_timeout_s, transfer_timeout_s 0)."""
+
+  def __init__(self, timeout_s: float, transfer_timeout_s: float = 0.0):
+    self.timeout_s = min(timeout_s, transfer_timeout_s) if transfer_timeout_s else timeout_s
+    self._uuids = itertools.count(random.getrandbits(40) << 20)
+
+  @property
+  def offer_ttl_s(self) -> float:
+    return self.timeout_s + DEADLINE_GRACE_S
+
+  def __call__(self, src: RemoteInstance, src_pages: list[int], dst: RemoteInstance,
+               dst_pages: list[int]) -> RemoteTransfer:
+    if len(src_pages) != len(dst_pages):
+      raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} "
+                       f"destination")
+    return self.dispatch(src, split_pieces(src, src_pages), dst, split_pieces(src, dst_pages))
+
+  def dispatch(self, src, src_pieces, dst, dst_pieces) -> RemoteTransfer:
+    return self.pull(src, dst, dst_pieces, self.offer(src, src_pieces, dst))
+
+  def offer(self, src, src_pieces, dst) -> tuple[int, object, float]:
+    """The source half: (uuid, the offer call's ref, when it started)."""
+    start, uuid = time.perf_counter(), next(self._uuids)
+    return uuid, src.actor.offer.remote(uuid, src_pieces, dst.tp, self.offer_ttl_s), start
+
+  def pull(self, src, dst, dst_pieces, offered: tuple[int, object, float]) -> RemoteTransfer:
+    """The destination half, for an offer made by `offer`."""
+    uuid, offer, start = offered
+    epoch = dst.next_epoch()
+    pull = dst.actor.pull.remote(uuid, src.address, dst_pieces, self.timeout_s, epoch,
+                                 dst.revoked())
+    needed = sum(len(p) for p in dst_pieces) * dst.page_bytes
+    return RemoteTransfer(pull, offer, start, self.timeout_s, needed, (src.name, dst.name),
+                          dst, epoch, src, uuid)
+
+
+def split_pieces(src: RemoteInstance, pages: list[int]) -> list[list[int]]:
+  """pages cut into the transfer buckets' sizes (engine.transfer.transfer_pieces)."""
+  sizes = transfer_pieces(src.opts.transfer_buckets, len(pages))
+  bounds = list(itertools.accumulate([0] + sizes))
+  return [list(pages[a:b]) for a, b in zip(bounds, bounds[1:])]
