@@ -64,10 +64,11 @@ def policies_for(cfg, run: str, opts):
   return policy_lib.build(names, params, seed=cfg.seed)
 
 
-def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None):
+def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None):
   """The instances of one run (real, simulated, or Ray actors) and what serving.serve takes
   besides them: (mode, instances, serve kwargs: policies, injector, clock / transfer_fn for
-  the simulator and Ray, and the DriverOptions the config sets)."""
+  the simulator and Ray, and the DriverOptions the config sets). progress(done, total, what):
+  each program the real engine compiles in this process (engine.cluster.build_instances)."""
   from pdjax.faults.injector import FaultInjector
   chunked = run == "chunked" or (run == "colocated" and
                                  cfg.scheduler.colocated_policy == "chunked_prefill")
@@ -96,7 +97,8 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None):
     from pdjax.engine.cluster import build_instances
     instances = build_instances(tiers, mcfg, host_params, opts,
                                 roles_may_change=cfg.scheduler.role_switch != "none",
-                                opts_by_role=options_lib.tier_options(cfg, opts))
+                                opts_by_role=options_lib.tier_options(cfg, opts),
+                                progress=progress)
   if cfg.kv.prefix_cache:
     for inst in instances:
       inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)

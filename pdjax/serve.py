@@ -102,22 +102,35 @@ def main(argv) -> None:
   default = run_lib.default_workdir(flags.FLAGS["config"].config_filename)
   workdir = run_lib.WORKDIR.value or os.path.join(os.path.dirname(default),
                                                   "serve-" + os.path.basename(default))
+  from pdjax.server.startup import Startup
+  startup = Startup()
   tokenizer, stop_ids = None, tuple(mcfg.eos_token_ids)
   try:
     if cfg.model.checkpoint or cfg.model.tokenizer:
       tokenizer, _, stop_ids = load_text(cfg.model.checkpoint, cfg.model.tokenizer, mcfg)
-    in_driver = config_lib.launcher(cfg) == "local" or cfg.debug
-    params = (host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
-                          dtype=cfg.model.dtype) if in_driver else None)
+    params = None
+    if config_lib.launcher(cfg) == "local" or cfg.debug:
+      startup.begin("loading weights", cfg.model.checkpoint or
+                    f"random {cfg.model.preset} weights, seed {cfg.seed}")
+      params = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
+                           dtype=cfg.model.dtype)
+      startup.end()
   except (TextError, KeyError, ValueError) as e:
     fail(f"config error: {e.args[0]}")
   name = _NAME.value or cfg.model.checkpoint or cfg.model.preset
   run = run_name(cfg)
   os.makedirs(workdir, exist_ok=True)
   with run_lib.ray_cluster_for(cfg) as ray_cluster:
-    engine, result, instances, error = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer,
-                                              stop_ids, name, workdir)
-    summary = run_lib.summarize_run(cfg, run, result, instances)
+    engine = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir,
+                    startup)
+    if engine.driver is None:    # stopped, or failed, before it was ready: nothing served
+      engine.close()
+      if engine.error is not None:
+        sys.exit(f"the server failed to start: {type(engine.error).__name__}: {engine.error}")
+      print("stopped while starting: nothing was served", flush=True)
+      return
+    result, error = engine.result, engine.error
+    summary = run_lib.summarize_run(cfg, run, result, engine.instances)
     summary["run_info"] = run_lib.run_info_of(cfg, mcfg, run, workload={
         "kind": "http", "requests": len(result.requests)})
   run_lib.write_outputs(workdir, cfg, run, summary, result, requests_written=True)
@@ -127,10 +140,11 @@ def main(argv) -> None:
     sys.exit(f"the engine stopped: {type(error).__name__}: {error}")
 
 
-def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir):
-  """Builds the instances, serves HTTP until a signal, then drains; (engine, RunResult,
-  instances, the driver thread's crash or None). requests.jsonl is written into workdir as
-  requests end."""
+def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir, startup):
+  """Opens the HTTP server at once and builds the instances on the engine's thread (compiling:
+  `startup` reports, /health says "starting"), serves until a signal, then drains. Returns
+  the engine: its `result` (None when stopped before it was ready) and `error` (the driver
+  thread's crash). requests.jsonl is written into workdir as requests end."""
   from pdjax.server import protocol
   from pdjax.server.app import make_app
   from pdjax.server.engine import OnlineEngine
@@ -139,11 +153,16 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workd
   # The driver thread and the HTTP event loop share the GIL: hand it over every 0.5 ms, not
   # Python's default 5 ms, so a token reaches its stream without waiting out a busy driver.
   sys.setswitchinterval(SWITCH_INTERVAL_S)
-  mode, instances, serve_kwargs = run_lib.build_run(cfg, mcfg, run, params, ray_cluster)
+
+  def build():
+    startup.begin("compiling programs")
+    return run_lib.build_run(cfg, mcfg, run, params, ray_cluster, progress=startup.program)
+
   metrics = ServerMetrics(model_name=name)
-  engine = OnlineEngine(mode, instances, tokenizer=tokenizer, eos_ids=stop_ids,
-                        metrics=metrics, requests_path=os.path.join(workdir, "requests.jsonl"),
-                        **serve_kwargs)
+  engine = OnlineEngine.starting(build, startup, tokenizer=tokenizer, eos_ids=stop_ids,
+                                 metrics=metrics,
+                                 requests_path=os.path.join(workdir, "requests.jsonl"))
+  startup.cancelled = lambda: engine.draining   # a signal while compiling: stop there
   engine.start()
   web = make_app(engine, model_name=name, max_model_len=cfg.kv.max_model_len,
                  vocab_size=mcfg.vocab_size, metrics=metrics,
@@ -155,14 +174,15 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workd
       uvicorn.Config(web, host=_HOST.value, port=_PORT.value, log_level="warning",
                      interface="asgi3", timeout_graceful_shutdown=DRAIN_TAIL_S),
       engine, _GRACE.value)
-  print(f"serving {name!r} ({run}) on http://{_HOST.value}:{_PORT.value}", flush=True)
+  print(f"serving {name!r} ({run}) on http://{_HOST.value}:{_PORT.value} (starting: GET "
+        "/health answers 200 once ready)", flush=True)
   try:
     server.run()
   finally:
     engine.detach()       # the loop is closed: the driver must not send to it
-  if engine.error is not None:   # the driver thread crashed (logged): its requests failed
-    return engine, engine.result, instances, engine.error
-  return engine, engine.stop(0.0), instances, None   # drained by the server: no second grace
+  if engine.error is None:   # (a crash was logged, its requests failed: engine.result holds)
+    engine.stop(0.0)         # drained by the server already: no second grace
+  return engine
 
 
 class _Server(uvicorn.Server):

@@ -49,6 +49,9 @@ def test_a_driver_crash_is_logged_fails_its_requests_and_turns_health_500(caplog
     h = client.get("/health")
     assert (h.status_code, h.json()) == (
         500, {"status": "failed", "error": "ZeroDivisionError: a bug in the decode step"})
+    r = client.post("/v1/completions", json={"model": "fake", "prompt": [5], "max_tokens": 1})
+    assert (r.status_code, r.json()["error"]["message"]) == (   # (was 503 "shutting down")
+        500, "the engine stopped: ZeroDivisionError: a bug in the decode step")
   crashes = [rec for rec in caplog.records if rec.name == "pdjax.server.engine"]
   assert len(crashes) == 1 and crashes[0].levelno == logging.ERROR
   text = crashes[0].getMessage()

@@ -50,7 +50,7 @@ def as_host(params):
 
 def build_instances(tiers: list[tuple[str, int, int]], mcfg: LlamaConfig, params,
                     opts: EngineOptions, devices=None, *, roles_may_change: bool = False,
-                    opts_by_role: dict | None = None) -> list[Instance]:
+                    opts_by_role: dict | None = None, progress=None) -> list[Instance]:
   """One Instance per (role, index), warmed up with every program it may run.
 
   Every instance gets both step programs (a decode instance prefills to recompute a preempted
@@ -58,20 +58,38 @@ def build_instances(tiers: list[tuple[str, int, int]], mcfg: LlamaConfig, params
   requests). KV transfer programs go where KV can leave (prefill) and arrive (decode), or
   everywhere when roles may change at run time. Later runs on the same devices load their
   programs from the persistent cache (Instance.compiles_from_cache).
+  progress(done, total, what): called after each program compiled (and each transfer route
+  warmed up), `total` counted up front.
   """
   specs = mesh_lib.split_devices(devices or jax.devices(), tiers)
   tps = {role: tuple(sorted({tp for r, _, tp in tiers if r == role or roles_may_change}))
          for role in ("prefill", "decode")}
-  instances = []
+  plans = []
   for spec in specs:
-    inst = Instance(spec, mcfg, params, (opts_by_role or {}).get(spec.role, opts))
     sends = spec.role == "prefill" or (roles_may_change and spec.role == "decode")
     receives = spec.role == "decode" or (roles_may_change and spec.role == "prefill")
-    inst.warm_up(prefill=True, decode=True,
-                 transfer_to_tp=tps["decode"] if sends else (), receive=receives)
+    plans.append((spec, (opts_by_role or {}).get(spec.role, opts),
+                  dict(prefill=True, decode=True, transfer_to_tp=tps["decode"] if sends else (),
+                       receive=receives)))
+  sends = [bool(w["transfer_to_tp"] and o.transfer_buckets) for _, o, w in plans]
+  takes = [bool(w["receive"] and o.transfer_buckets) for _, o, w in plans]
+  routes = sum(a and b for i, a in enumerate(sends) for j, b in enumerate(takes) if i != j)
+  total = sum(Instance.warm_up_programs(o, **w) for _, o, w in plans) + routes
+  done = [0]
+
+  def one(what: str) -> None:
+    done[0] += 1
+    if progress is not None:
+      progress(done[0], total, what)
+
+  instances = []
+  for spec, inst_opts, warm in plans:
+    inst = Instance(spec, mcfg, params, inst_opts)
+    inst.warm_up(**warm, on_program=one)
     instances.append(inst)
   for src in instances:
     for dst in instances:
       if src is not dst and src._gather and dst._scatter:
         transfer.warm_up_transfers(src, dst)
+        one(f"KV route {src.name} -> {dst.name}")
   return instances

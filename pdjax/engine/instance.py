@@ -127,22 +127,36 @@ class Instance:
                          (self._rep, self._kv_sh), donate=(1,))
 
   def warm_up(self, *, prefill: bool, decode: bool, transfer_to_tp: tuple[int, ...] = (),
-              receive: bool = False) -> None:
-    """Compiles every bucket of the programs this instance's role needs."""
+              receive: bool = False, on_program=None) -> None:
+    """Compiles every bucket of the programs this instance's role needs. on_program(what) is
+    called after each one (start-up progress; `warm_up_programs` counts them)."""
     o = self.opts
+    done = on_program or (lambda what: None)
     if prefill and not o.lazy_compile:
       for n in o.prefill_buckets:
         self._run_once(self._program("prefill", n), self._padding_batch("prefill", n))
+        done(f"{self.name} prefill, {n} tokens")
     if decode and not o.lazy_compile:
       for n in o.decode_buckets:
         self._run_once(self._program("decode", n), self._padding_batch("decode", n))
+        done(f"{self.name} decode, batch {n}")
     from pdjax.engine import transfer  # the transfer programs live beside their logic
     for dst_tp in transfer_to_tp:
       for n in o.transfer_buckets:
         self._gather[(n, dst_tp)] = transfer.compile_gather(self, n, dst_tp)
+        done(f"{self.name} KV gather, {n} pages to tp={dst_tp}")
     if receive:
       for n in o.transfer_buckets:
         self._scatter[n] = transfer.compile_scatter(self, n)
+        done(f"{self.name} KV scatter, {n} pages")
+
+  @staticmethod
+  def warm_up_programs(opts: EngineOptions, *, prefill: bool, decode: bool,
+                       transfer_to_tp: tuple[int, ...] = (), receive: bool = False) -> int:
+    """How many programs `warm_up` with these arguments compiles."""
+    steps = 0 if opts.lazy_compile else (len(opts.prefill_buckets) * prefill
+                                         + len(opts.decode_buckets) * decode)
+    return steps + len(opts.transfer_buckets) * (len(transfer_to_tp) + receive)
 
   def _padding_batch(self, kind: str, n: int) -> dict:
     if kind == "prefill":

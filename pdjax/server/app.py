@@ -6,8 +6,10 @@ Status codes, every one with OpenAI's error body {"error": {"message", "type", "
 role, a chat template that refuses the messages, an empty or over-long prompt: protocol.py;
 one the cluster can never serve), 413 for a body over max_body_bytes, 429 when admission
 control or a tenant's quota rejects it for now (the reason as the message), 503 while the
-server drains or no instance can take it, 500 when the engine failed the request (the
-reason). A client that disconnects (mid-stream, or while waiting for a whole answer) has
+server starts or drains or when no instance can take it, 500 when the engine failed the
+request or stopped (the reason). /health: 200 {"status": "ok"} once ready; 503 "starting"
+(with the stage, and programs compiled of all) before, 503 "draining" / "stopped" after a
+signal; 500 "failed" with the error once the driver thread died. A client that disconnects (mid-stream, or while waiting for a whole answer) has
 its request cancelled at once: its pages are freed on every tier.
 """
 
@@ -22,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdjax.request import Status
 from pdjax.server import protocol
-from pdjax.server.engine import Draining, OnlineEngine
+from pdjax.server.engine import Draining, EngineStopped, OnlineEngine
 
 DISCONNECT_POLL_S = 0.5   # a non-streaming request checks for its client this often
 MAX_BODY_BYTES = 4 * 1024 * 1024   # server.max_body_bytes' default: a larger body gets 413
@@ -71,6 +73,8 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
                            "error": f"{type(engine.error).__name__}: {engine.error}"}, 500)
     if engine.draining or not engine.alive:
       return JSONResponse({"status": "draining" if engine.alive else "stopped"}, 503)
+    if not engine.ready:           # loading, compiling: {"status": "starting", "stage", ...}
+      return JSONResponse(engine.startup.describe(), 503)
     return {"status": "ok"}
 
   @app.get("/v1/models")
@@ -87,7 +91,7 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
   async def prometheus():
     if metrics is None:
       return Response("", media_type="text/plain")
-    if engine.alive:
+    if engine.alive and engine.ready:
       from pdjax.server.prometheus import engine_state
       seen = metrics.transfers_seen()
       future = engine.inbox.call(lambda driver: engine_state(driver, seen))
@@ -120,6 +124,8 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
         req = engine.submit(rid, g, queue, arrival_s=arrival_s)
       except Draining as e:
         raise protocol.ApiError(503, str(e)) from None
+      except EngineStopped as e:
+        raise protocol.ApiError(500, str(e)) from None
     except protocol.ApiError as e:
       return error(e)
     first = await _next_event(engine, http, req, queue)

@@ -35,6 +35,7 @@ from pdjax.request import Request, SamplingParams, Status
 from pdjax.scheduler.driver import RunResult
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.inbox import Inbox
+from pdjax.server.startup import Startup, StartupCancelled
 from pdjax.server.text_stream import CONTEXT_TOKENS, TextStream
 
 
@@ -42,7 +43,11 @@ logger = logging.getLogger(__name__)
 
 
 class Draining(Exception):
-  """The server is shutting down: no new request is taken."""
+  """The server is shutting down (or still starting): no new request is taken (503)."""
+
+
+class EngineStopped(Exception):
+  """The driver thread died: no request can be served any more (500)."""
 
 
 class _Channel:
@@ -64,11 +69,15 @@ class OnlineEngine:
     line is written as it ends (default: nowhere)."""
     self.mode, self.instances, self.tokenizer, self.eos_ids = mode, instances, tokenizer, eos_ids
     self.metrics = metrics
+    self.clock = WallClock()
     self._spill = tempfile.TemporaryDirectory(prefix="pdjax-serve-")
     self._records = open(requests_path, "w") if requests_path else None  # pylint: disable=consider-using-with
-    self.driver = serving.make_driver(mode, instances, clock=WallClock(),
-                                      spill_dir=self._spill.name, **serve_kwargs)
-    self.clock = self.driver.clock
+    self._serve_kwargs, self._build, self.startup = serve_kwargs, None, None
+    self.driver = None if instances is None else self._make_driver()
+    self.cancelled = False      # a shutdown came during start-up: nothing was served
+    self._ready_event = threading.Event()   # set once ready (tests wait on it)
+    if self.driver is not None:
+      self._ready_event.set()
     self.inbox = Inbox()
     self.draining = False
     self.result = None          # the RunResult, once the thread ended
@@ -79,11 +88,39 @@ class OnlineEngine:
     self._lock = threading.Lock()
     self._thread = threading.Thread(target=self._run, name="pdjax-driver", daemon=True)
 
+  @classmethod
+  def starting(cls, build, startup: Startup, **kwargs) -> "OnlineEngine":
+    """An engine that builds its instances on its own thread, once started: build() ->
+    (mode, instances, serve_kwargs) loads and compiles, reporting to `startup`. Until it
+    returns the engine is not `ready`: a request is refused (503 "the server is starting"),
+    /health says "starting" and how far; a shutdown meanwhile cancels the start-up."""
+    engine = cls(None, None, **kwargs)
+    engine._build, engine.startup = build, startup
+    return engine
+
+  def _make_driver(self):
+    return serving.make_driver(self.mode, self.instances, clock=self.clock,
+                               spill_dir=self._spill.name, **self._serve_kwargs)
+
+  @property
+  def ready(self) -> bool:
+    return self.driver is not None
+
   def start(self) -> None:
     self._thread.start()
 
   def _run(self) -> None:
     try:
+      if self.driver is None:
+        try:
+          self.mode, self.instances, kwargs = self._build()
+        except StartupCancelled:
+          self.cancelled = True
+          return
+        self._serve_kwargs.update(kwargs)
+        self.driver = self._make_driver()
+        self.startup.finished()
+        self._ready_event.set()
       self.result = self.driver.run([], inbox=self.inbox, listener=self)
       serving.check_end_state(self.result, self.instances)
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by stop())
@@ -97,6 +134,9 @@ class OnlineEngine:
     reason = f"the engine stopped: {type(e).__name__}: {e}"
     now = self.clock.now()
     d = self.driver
+    if d is None:              # it died starting: nothing was served
+      self.error = e
+      return
     with self._lock:
       for req in self._live.values():   # (a terminal one: the driver kept it, on_finish died)
         if not req.status.terminal:
@@ -120,8 +160,16 @@ class OnlineEngine:
     """Hands a checked request (protocol.Generation) to the driver; its events arrive on
     `queue`. arrival_s: when the server received it (default now), on `clock`. Raises
     Draining once shutdown began."""
+    if self.error is not None:
+      raise EngineStopped(f"the engine stopped: {type(self.error).__name__}: {self.error}")
     if self.draining or not self.alive:
       raise Draining("the server is shutting down")
+    if not self.ready:
+      progress = self.startup.describe() if self.startup else {}
+      stage = progress.get("stage", "starting")
+      if "total" in progress:
+        stage += f" {progress['done']}/{progress['total']}"
+      raise Draining(f"the server is starting ({stage})")
     arrival_s = self.clock.now() if arrival_s is None else arrival_s
     req = Request(id=rid, arrival_s=arrival_s, prompt_ids=list(g.prompt_ids),
                   sampling=SamplingParams(temperature=g.temperature, max_new_tokens=g.max_tokens,
@@ -188,6 +236,8 @@ class OnlineEngine:
   def ended_requests(self) -> list[Request]:
     """Every request that ended so far, in that order (read back from the driver's files, on
     its thread: for tests and debugging, not for a hot path)."""
+    if self.driver is None:
+      return []
     if not self.alive:
       return list(self.driver.requests)
     return self.inbox.call(lambda d: list(d.requests)).result(timeout=60)
