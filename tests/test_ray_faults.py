@@ -170,20 +170,21 @@ def _prefill(inst, tokens, pages):
 
 
 def test_a_pull_the_driver_gave_up_on_is_dropped_not_landed(pair, monkeypatch):
-  """The driver's deadline (2 s + 0.2 s grace from the offer's dispatch) passes while
-  decode-0's event loop is stalled (3 s) and prefill-0's offer waits behind its own stall
-  (4 s). The driver frees the destination pages and a new request prefills into them (its
-  step waits behind the stall, then runs while the pull waits for its pieces). Before the
-  fix the late pull then landed (its own deadline runs from its start, at 3 s) over the new
-  request's KV; now the step names the revoked epoch and the pull is dropped."""
+  """The driver's deadline (2 s + 0.2 s grace from the offer's dispatch, at 0.5 s) passes
+  while decode-0's event loop is stalled (3.5 s) and prefill-0's offer waits behind its own
+  stall (4.5 s). The driver frees the destination pages and a new request prefills into them
+  (its step waits behind the stall, then runs while the pull waits for its pieces). Before
+  the fix the late pull then landed (its own deadline runs from its start, at 3.5 s) over the
+  new request's KV; now the step names the revoked epoch and the pull is dropped."""
   monkeypatch.setattr(ray_transfer, "DEADLINE_GRACE_S", 0.2)
   p0, d0 = pair
   _prefill(p0, list(range(3, 19)), [1, 2])
   offered_kv = ray.get(p0.actor.read_pages.remote([1, 2]))
   transfer = RayTransfer(timeout_s=2.0)
-  d0.actor.stall.remote(3.0)
-  p0.actor.stall.remote(4.0)
-  time.sleep(0.3)                         # both stalls under way
+  ray.get([d0.actor.offer_counts.remote(), p0.actor.offer_counts.remote()])   # both idle
+  d0.actor.stall.remote(3.5)
+  p0.actor.stall.remote(4.5)
+  time.sleep(0.5)                         # both stalls under way
   late = transfer(p0, [1, 2], d0, [5, 6])
   while not late.ready():
     time.sleep(0.01)
