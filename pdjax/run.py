@@ -344,7 +344,8 @@ def ray_cluster_for(cfg):
   c = cfg.cluster
   return RayCluster(address=c.ray_address, accelerator=c.ray_accelerator,
                     transfer_host=c.transfer_host, pull_timeout_s=c.pull_timeout_s,
-                    compile_cache_dir=os.path.expanduser(cfg.compile_cache_dir))
+                    compile_cache_dir=os.path.expanduser(cfg.compile_cache_dir),
+                    transfer_timeout_s=cfg.kv.transfer_timeout_s)
 
 
 def write_comparison(workdir: str, summaries: dict, results: dict) -> None:

@@ -6,7 +6,9 @@ transfer_retries / transfers_recovered: failed attempts retried / transfers that
 after failing; fell_back: {fallback: requests} from each request's `fallbacks`, and
 fell_back_requests (requests with any); failed: {reason with numbers as '#': count};
 cancelled and cancelled_by_stage; pages_reclaimed_by_lease, pages_lost_with_instances,
-instances_killed, instances_restarted.
+instances_killed, instances_restarted; and, only when they happen, restarts_failed (a
+restarted instance's new process did not start: it stays dead) and steps_not_run (steps
+dispatched ahead on the tokens of a step that failed at dispatch; their requests re-planned).
 """
 
 from __future__ import annotations

@@ -116,9 +116,14 @@ def faults_section(f: dict, num_requests: int | None) -> list[str]:
   lines.append(f"- KV transfer attempts retried: {f.get('transfer_retries', 0)}; transfers "
                f"that succeeded after failing: {f.get('transfers_recovered', 0)}")
   if f.get("instances_killed"):
+    failed = (f", restarts that failed: {f['restarts_failed']}" if f.get("restarts_failed")
+              else "")
     lines.append(f"- Instances killed: {f['instances_killed']} (restarted: "
-                 f"{f.get('instances_restarted', 0)}); KV pages lost with them: "
+                 f"{f.get('instances_restarted', 0)}{failed}); KV pages lost with them: "
                  f"{f.get('pages_lost_with_instances', 0)}")
+  if f.get("steps_not_run"):
+    lines.append(f"- Steps not run (dispatched ahead on a step that failed): "
+                 f"{f['steps_not_run']}")
   if f.get("pages_reclaimed_by_lease"):
     lines.append(f"- KV pages reclaimed by lease: {f['pages_reclaimed_by_lease']}")
   if f.get("cancelled"):
