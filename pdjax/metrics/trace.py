@@ -28,31 +28,17 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
+
+from pdjax.metrics import trace_bins
+from pdjax.metrics.trace_format import INSTANCES_PID, REQUESTS_PID, counter_event  # noqa: F401
+from pdjax.metrics.trace_format import instant as _instant
+from pdjax.metrics.trace_format import meta as _meta
+from pdjax.metrics.trace_format import span as _span
+from pdjax.metrics.trace_format import us as _us
 from pdjax.request import Request, Status
 
-INSTANCES_PID = 1
-REQUESTS_PID = 2
 MAX_STEP_EVENTS = 200_000   # write_chrome_trace's default bound on step events
-
-
-def _us(seconds: float) -> float:
-  return round(float(seconds) * 1e6, 3)
-
-
-def _meta(name: str, pid: int, tid: int, value: str) -> dict:
-  return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": {"name": value}}
-
-
-def _span(name: str, cat: str, start: float, end: float, pid: int, tid: int,
-          args: dict) -> dict:
-  ts = _us(start)
-  return {"name": name, "cat": cat, "ph": "X", "ts": ts,
-          "dur": max(0.0, round(_us(end) - ts, 3)), "pid": pid, "tid": tid, "args": args}
-
-
-def _instant(name: str, cat: str, t: float, pid: int, tid: int, args: dict) -> dict:
-  return {"name": name, "cat": cat, "ph": "i", "s": "t", "ts": _us(t), "pid": pid,
-          "tid": tid, "args": args}
 
 
 def instance_events(steps: Sequence[dict], role_switches: Sequence[dict]) -> list[dict]:
@@ -154,12 +140,6 @@ def pool_counters(samples: Sequence[dict]) -> list[dict]:
           for s in samples]
 
 
-def counter_event(instance: str, t: float, used: int, cached: int) -> dict:
-  """One point of instance's "kv pages" counter track."""
-  return {"name": f"kv pages {instance}", "ph": "C", "ts": _us(t), "pid": INSTANCES_PID,
-          "args": {"used": used, "cached_idle": cached}}
-
-
 def trace_events(*, requests: Sequence[Request], steps: Sequence[dict],
                  role_switches: Sequence[dict], samples: Sequence[dict] = (),
                  max_step_events: int | None = MAX_STEP_EVENTS) -> Iterator[dict]:
@@ -174,7 +154,6 @@ def trace_events(*, requests: Sequence[Request], steps: Sequence[dict],
 def _trace_events(requests: Sequence[Request], steps: Sequence[dict],
                   role_switches: Sequence[dict], samples: Sequence[dict],
                   max_step_events: int | None) -> Iterator[dict]:
-  from pdjax.metrics import trace_bins   # here: it imports this module
   bin_steps = max_step_events is not None and len(steps) > max_step_events
   bin_samples = max_step_events is not None and len(samples) > max_step_events
   if bin_steps:
@@ -202,8 +181,6 @@ def host_tier_counter(samples: Sequence[dict], limit: int | None) -> list[dict]:
   if not held:
     return []
   if limit is not None:
-    from pdjax.metrics import trace_bins   # here: it imports this module
-    import numpy as np
     t = np.fromiter((s["t"] for s in held), np.float64, len(held))
     pages = np.fromiter((s["host_tier_pages"] for s in held), np.int64, len(held))
     b, _, _ = trace_bins.bin_index(t, 1, limit)

@@ -24,7 +24,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from pdjax.metrics import columns
-from pdjax.metrics.trace import INSTANCES_PID, _us, counter_event
+from pdjax.metrics.trace_format import INSTANCES_PID, counter_event
+from pdjax.metrics.trace_format import us as _us
 
 FULL_DETAIL = "output.trace_steps=full (write_chrome_trace(max_step_events=None))"
 
