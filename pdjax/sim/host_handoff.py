@@ -8,9 +8,11 @@ are done: max(host write + host read, direct copy of the rest).
 
 from __future__ import annotations
 
+from pdjax.sim.transfer import SimTransfer
 
-def via_host_tier(src, src_pages: list[int], dst, dst_pages: list[int]):
-  from pdjax.sim.instance import SimTransfer
+
+def via_host_tier(src, src_pages: list[int], dst, dst_pages: list[int]) -> SimTransfer:
+  """src, dst: SimInstances (sim/instance.py, which calls this when src.handoff is "host")."""
   cache, tier, now = src.tables.cache, src.tables.host, src.clock.now()
   named = [(p, cache.name_of(p)) for p in src_pages]
   through_host = [(p, entry) for p, entry in named if entry is not None]

@@ -13,10 +13,11 @@ so a simulated request runs to its max_new_tokens: traces give output lengths, n
 from __future__ import annotations
 
 from pdjax.kv.pages import BlockTables
-from pdjax.kv.transfer_result import TransferResult
 from pdjax.sim.digest import EMPTY as _EMPTY
 from pdjax.sim.digest import VECTOR_MIN, chain
 from pdjax.sim.digest import mix as _mix
+from pdjax.sim.host_handoff import via_host_tier
+from pdjax.sim.transfer import SimTransfer
 
 HOST_LATENCY_S = 1e-5   # a host copy's fixed cost where the cost model names no link latency
 
@@ -157,27 +158,6 @@ class SimInstance:
     return num_pages * self.tables.page_size * self.cost.kv_bytes_per_token()
 
 
-class SimTransfer:
-  """A KV transfer in flight on the virtual clock, like the real engine's PendingTransfer: it
-  lands at `end_s` (the driver wakes then and polls it); the pages' contents (digests) are
-  copied when the landing is observed, so the source pages must still hold them then."""
-
-  def __init__(self, src: SimInstance, src_pages: list[int], dst: SimInstance,
-               dst_pages: list[int], num_bytes: float, seconds: float):
-    self.src, self.dst, self.src_pages, self.dst_pages = src, dst, src_pages, dst_pages
-    self.bytes, self.seconds = int(num_bytes), seconds
-    self.end_s = src.clock.now() + seconds
-
-  def ready(self) -> bool:
-    return self.src.clock.now() >= self.end_s
-
-  def result(self) -> TransferResult:
-    self.src.clock.advance_to(self.end_s)
-    for s, d in zip(self.src_pages, self.dst_pages):
-      self.dst.digests[d] = self.src.digests[s]
-    return TransferResult(bytes=self.bytes, seconds=self.seconds)
-
-
 def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
                  dst_pages: list[int]) -> SimTransfer:
   """Dispatches the KV transfer on the virtual clock and returns at once, as the real engine's
@@ -187,7 +167,6 @@ def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
   if len(src_pages) != len(dst_pages):
     raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
   if src.handoff == "host":
-    from pdjax.sim.host_handoff import via_host_tier
     return via_host_tier(src, src_pages, dst, dst_pages)
   num_bytes = src.kv_bytes(src.cost.moved_pages(len(src_pages)))
   seconds = src.cost.transfer_s(num_bytes)
