@@ -8,6 +8,8 @@ import datetime
 import json
 import os
 
+from pdjax.text.errors import TextError
+
 
 def find_template(folder: str, config: dict) -> str | None:
   """chat_template.jinja, else chat_template.json, else tokenizer_config.json's
@@ -66,7 +68,6 @@ def render(template: str, messages: list[dict], special_tokens: dict,
            add_generation_prompt: bool = True) -> str:
   """The rendered chat; a template that fails raises TextError with its message."""
   import jinja2
-  from pdjax.text.tokenizer import TextError
   try:
     if template not in _COMPILED:
       _COMPILED[template] = _environment().from_string(template)

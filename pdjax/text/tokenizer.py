@@ -12,16 +12,13 @@ import json
 import os
 
 from pdjax.text import chat as chat_lib
+from pdjax.text.errors import TextError   # (callers import it from here too)
 
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                  "mask_token")
 # transformers' clean_up_tokenization (WordPiece-era spacing fixes; never applied to BPE).
 _CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
-
-
-class TextError(ValueError):
-  """Bad text input or tokenizer files; str() is the one line shown to the user."""
 
 
 def read_json(path: str) -> dict:
