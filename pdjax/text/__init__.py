@@ -2,8 +2,9 @@
 
 Host logic (no jax): `tokenizer.Tokenizer` wraps `tokenizers` with the folder's special tokens,
 `chat` renders its chat template as transformers does, `stops` reads the EOS ids generation
-stops at, `prompts` turns `pdjax.generate` input lines into token ids, and `from_gguf` makes an
-ordinary Hugging Face folder out of a GGUF file (SmolLM2, offline).
+stops at, `prompts` turns `pdjax.generate` input lines into token ids, `errors.TextError` is
+what they raise, and `gguf` makes an ordinary Hugging Face folder out of a GGUF file (SmolLM2,
+offline; the command is `python -m pdjax.from_gguf`).
 """
 
 from pdjax.text.tokenizer import TextError, Tokenizer  # noqa: F401  (re-exports)

@@ -1,6 +1,9 @@
 """Scheduling policies, one file each, chosen by name in the config (`scheduler.*`).
 
-Pure Python: the real driver and the simulator run the same objects.
+Pure Python: the real driver and the simulator run the same objects. `base` holds the
+interfaces (Router, PathPolicy, AdmissionPolicy, StepPolicy, RoleSwitchPolicy) and StepPlan;
+`build()` here makes a run's `Policies` from the config's names (the tables below), `ties` the
+routers' tie-breaking.
 """
 
 from __future__ import annotations
