@@ -188,8 +188,8 @@ def signature_problems(impl: Callable, spec: Callable, *, has_self: bool, name: 
                        most: int | None = None) -> list[str]:
   """Whether impl accepts the positional calls the driver makes per spec: spec's required
   parameters, then each optional one in turn (up to `most` arguments, when given: the ones the
-  driver passes to this implementation), with the same names where impl names them. has_self: impl is a function read from a class (its first
-  parameter is the instance)."""
+  driver passes to this implementation), with the same names where impl names them.
+  has_self: impl is a function read from a class (its first parameter is the instance)."""
   try:
     have = inspect.signature(impl)
   except (TypeError, ValueError):
