@@ -21,9 +21,20 @@ pdjax's words and the field's:
                      scheduler/worker.py), not vLLM's worker process.
   BlockTables        the block manager (kv/pages.py): the instance's pages, owned by the host.
 
-Required members are the Protocols' own. Optional ones the driver and the run read with
-getattr (or only on some paths) are listed in OPTIONAL_* as {name: what it must be}; a checker
-tests them when an implementation has them.
+Required (the Protocols' own members):
+  Instance         name, tables, prefill(seqs, prev=None), decode(seqs, prev=None)
+  ServedInstance   + role, opts, compiles (what a run and the server read besides)
+  PendingStep      ready(), result() -> tokens
+  PendingTransfer  ready(), result() -> TransferLanded (bytes, seconds)
+  TransferFn       (src, src_pages, dst, dst_pages) -> PendingTransfer (or TransferLanded)
+Optional (read with getattr, or only on some paths; listed with what each must be, a type or a
+signature, in OPTIONAL_INSTANCE and OPTIONAL_PENDING, and checked where present):
+  instance         device_tokens, overlap_by_default, compiles_from_cache, lazy_compiles,
+                   host_page_weight, handoff, host_stats, host, kill(), restart(),
+                   attach_host_tier(), kv_bytes()
+  pending          end_s, build_s, dispatch_s, inner, wait_any(pendings, timeout_s)
+Not in the contract: what one backend's own parts read (the engine's host_copies and
+warm_up, read by its transfer functions and builder; the simulator's clock, cost, digests).
 """
 
 from __future__ import annotations
@@ -146,6 +157,7 @@ OPTIONAL_PENDING: dict[str, type | tuple | Callable] = {
     "end_s": (int, float),          # when it completes on a virtual clock: the driver jumps there
     "build_s": (int, float),        # host seconds building the step (the step record)
     "dispatch_s": (int, float),
+    "inner": object,                # a wrapped step (SlowPending): prev is the step it wraps
     "wait_any": _wait_any,
 }
 
