@@ -8,16 +8,13 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 
 from pdjax import bench_serve
 from pdjax.request import Request, SamplingParams
+
+from server_process import start_server
 
 pytestmark = pytest.mark.slow
 
@@ -32,31 +29,11 @@ def _rss_bytes(pid: int) -> int:
   raise AssertionError(f"no VmRSS for process {pid}")
 
 
-def _start(workdir: str, log) -> tuple[subprocess.Popen, str]:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "pdjax.serve", "--config=configs/default.py:smoke",
-       "--config.mode=disaggregated", f"--port={port}", f"--workdir={workdir}"],
-      stdout=log, stderr=subprocess.STDOUT)
-  url = f"http://127.0.0.1:{port}"
-  deadline = time.monotonic() + 300
-  while True:
-    assert proc.poll() is None, open(log.name).read()[-3000:]
-    try:
-      if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-        return proc, url
-    except httpx.HTTPError:
-      pass
-    assert time.monotonic() < deadline, "the server did not come up in 300 s"
-    time.sleep(0.5)
-
-
 def test_resident_memory_stays_flat_over_3000_requests(tmp_path):
   workdir = str(tmp_path / "run")
   log = open(tmp_path / "serve.log", "w")
-  proc, url = _start(workdir, log)
+  proc, url = start_server(["--config=configs/default.py:smoke", "--config.mode=disaggregated"],
+                           workdir, log)
   rng, rss, failed = random.Random(0), {}, 0
   try:
     for w in range(WINDOWS):

@@ -10,9 +10,7 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -24,6 +22,7 @@ from pdjax.server.engine import OnlineEngine
 from pdjax.server.protocol import Generation
 
 from fake_engine import OPTS, FakeInstance
+from server_process import start_server
 
 GRACE_S = 2.0
 LONG = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2000, "ignore_eos": True}
@@ -32,27 +31,8 @@ ARGS = ["--config=configs/default.py:smoke", "--config.kv.max_model_len=2048",
         "--config.kv.pages_per_instance=1024", f"--grace_s={GRACE_S}"]
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _start(workdir: str, log) -> tuple[subprocess.Popen, str]:
-  port = _free_port()
-  url = f"http://127.0.0.1:{port}"
-  proc = subprocess.Popen([sys.executable, "-m", "pdjax.serve", *ARGS, f"--port={port}",
-                           f"--workdir={workdir}"], stdout=log, stderr=subprocess.STDOUT)
-  deadline = time.monotonic() + 300
-  while True:
-    assert proc.poll() is None, open(log.name).read()[-3000:]
-    try:
-      if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-        return proc, url
-    except httpx.HTTPError:
-      pass
-    assert time.monotonic() < deadline, "the server did not come up in 300 s"
-    time.sleep(0.5)
+  return start_server(ARGS, workdir, log)
 
 
 def test_sigint_drains_aborts_the_rest_and_writes_the_run(tmp_path):
