@@ -9,7 +9,7 @@ tokens and 4-32 output tokens. Times serving only (the driver loop and the cost 
 import sys
 import time
 
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine.options import EngineOptions
 from pdjax.models.llama_config import PRESETS
 from pdjax.request import Request, SamplingParams

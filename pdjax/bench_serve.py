@@ -58,7 +58,7 @@ class RequestOutput:
 
 
 def load_requests(cfg) -> tuple[list, list[str]]:
-  """The config's workload as pdjax.run's `execute` loads it: (Requests, problem lines).
+  """The config's workload as `pdjax.runner.execute.execute` loads it: (Requests, problem lines).
   Raises config_lib.ConfigError (bad model) or ValueError (bad workload)."""
   from pdjax.workload.loader import load_workload
   mcfg = config_lib.model_config(cfg)

@@ -38,6 +38,25 @@ HELP_FLAGS = {"-h": False, "-?": False, "--help": False, "--helpshort": False,
               "--helpfull": True}   # help flag -> whether it lists every module's flags
 
 
+def define_config_and_workdir():
+  """Defines --config (the experiment config file, default the shipped configs/default.py,
+  --config.* overrides applied as it loads) and --workdir, the flags pdjax.run, pdjax.serve,
+  pdjax.plan and pdjax.sweep share; returns their holders (config, workdir). Call it once per
+  process, where the command defines its flags: ml_collections loads the file (reading
+  sys.argv) right here; a bad file or key is one line on stderr (exit 2)."""
+  from absl import flags
+  from ml_collections import config_flags
+  flags.disclaim_key_flags()   # absl files the flags under the calling command, not pdjax.cli
+  try:
+    config = config_flags.DEFINE_config_file(CONFIG_FLAG, DEFAULT_CONFIG,
+                                             "Experiment config file.", lock_config=True)
+  except Exception as e:  # pylint: disable=broad-except
+    fail(describe_config_flag_error(e, sys.argv))
+  workdir = flags.DEFINE_string("workdir", None,
+                                "Output folder (default results/<config>-<time>/).")
+  return config, workdir
+
+
 def _config_argument(argv: list[str]) -> str | None:
   """The last --config value on the command line (path[:variant]), or None."""
   found = None
@@ -159,7 +178,7 @@ def exit_on_help(argv: list[str]) -> None:
   doc = (_entry_point_module().get("__doc__") or f"USAGE: {argv[0]} [flags]").strip()
   if any(wanted):
     flag_help, tail = flags.FLAGS.get_help(), ""
-  else:   # pdjax's own flags (sweep's --config is pdjax.run's), under `python -m` or not
+  else:   # pdjax's own flags (--config: define_config_and_workdir's), under `python -m` or not
     ours = [name for name in flags.FLAGS.flags_by_module_dict()
             if name.startswith("pdjax.") or name == sys.argv[0]]
     flag_help = "\n\n".join(flags.FLAGS.module_help(name) for name in ours)

@@ -27,6 +27,7 @@ import sys
 from absl import app, flags, logging
 
 from pdjax.cli import fail, parse_flags, use_cpu_devices
+from pdjax.runner.build import generate_policies
 from pdjax.text.stops import load_text
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Local HF checkpoint folder.")
@@ -84,19 +85,6 @@ def _powers_of_two_up_to(n: int, start: int) -> tuple[int, ...]:
   return tuple(out) + (b,)
 
 
-def _policies(mode: str, opts, chunk_budget: int):
-  """chunked: colocated with chunked prefill; None (the driver's defaults) otherwise."""
-  if mode != "chunked":
-    return None
-  from pdjax.scheduler import policies as policy_lib
-  names = dict(prefill_router="least_loaded", decode_router="least_loaded",
-               path="always_disagg", admission="none", colocated_policy="chunked_prefill",
-               role_switch="none")
-  return policy_lib.build(names, dict(token_budget=max(opts.prefill_buckets),
-                                      chunk_budget=chunk_budget,
-                                      max_prefill_seqs=opts.max_prefill_seqs))
-
-
 def main(argv) -> None:
   del argv
   logging.set_verbosity(logging.WARNING)
@@ -117,7 +105,7 @@ def main(argv) -> None:
   except (ValueError, FileNotFoundError) as e:   # TextError is a ValueError
     fail(f"error: {e}")
   use_cpu_devices(8)
-  from pdjax import serving
+  from pdjax.runner import serve_requests
   from pdjax.engine.cluster import build_instances, enable_compile_cache, host_params
   from pdjax.engine.options import EngineOptions
   from pdjax.metrics.host_time import host_overhead
@@ -159,8 +147,8 @@ def main(argv) -> None:
       fail(f"error: {e.args[0]}")
     instances = build_instances(tiers, mcfg, params, opts)
     mode = "disaggregated" if _MODE.value == "disaggregated" else "colocated"
-    result = serving.serve(mode, instances, served, overlap=_OVERLAP.value,
-                           policies=_policies(_MODE.value, opts, _CHUNK.value))
+    result = serve_requests.serve(mode, instances, served, overlap=_OVERLAP.value,
+                                  policies=generate_policies(_MODE.value, opts, _CHUNK.value))
     overhead = host_overhead(result.steps)
     by_id = {r.id: r for r in result.requests}
     requests = [by_id.get(r.id, r) for r in requests]
@@ -179,5 +167,9 @@ def main(argv) -> None:
         f"{generated / max(duration, 1e-9):.1f} tok/s")
 
 
-if __name__ == "__main__":
+def entry_point() -> None:
   app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+  entry_point()

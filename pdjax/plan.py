@@ -33,113 +33,29 @@ phase diagram per model and hardware (pdjax/planning/map_mode.py; default DIR: m
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 
 from absl import app, flags, logging
 
 from pdjax import config as config_lib
-from pdjax.cli import fail, parse_flags
-from pdjax.planning import capacity, plan_output, workload_mix
-from pdjax.planning.search import Placement, PlanRow, placements, rate_cap, search
-from pdjax.planning.slo_grid import RunRecord
+from pdjax.cli import define_config_and_workdir, fail, parse_flags
+from pdjax.planning import plan_output, workload_mix
+from pdjax.planning.placement_runs import (check_plan, evaluate, fits, sustains, tp_ok,
+                                           warn_if_tiny)
+from pdjax.planning.search import PlanRow, placements, rate_cap, search
+from pdjax.runner.outputs import default_workdir
 
 PLAN_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
                             "plan_default.py")
-
-
-def pools(cfg, mcfg, p: Placement) -> list[int] | None:
-  """Each tier's KV pages per instance from its chips' memory (None: a tier cannot hold one
-  kv.max_model_len sequence)."""
-  from pdjax.sim.hardware import HARDWARE
-  out = [capacity.pool_pages(mcfg, HARDWARE[cfg.sim.hardware], tp, page_size=cfg.kv.page_size,
-                             dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
-                             mem_util=cfg.plan.mem_util, max_model_len=cfg.kv.max_model_len,
-                             max_batch=max(cfg.scheduler.decode_buckets))
-         for _, _, tp in p.tiers]
-  return None if None in out else out
-
-
-def placement_config(cfg, mcfg, p: Placement, rate: float,
-                     trace: workload_mix.TraceLengths | None = None):
-  """The sim config of one placement at one rate (None when it does not fit in memory).
-  trace: cfg's workload as resampled lengths (required when the workload is a trace)."""
-  pages = pools(cfg, mcfg, p)
-  if pages is None:
-    return None
-  new = cfg.copy_and_resolve_references()
-  new.backend, new.mode, new.progress = "sim", p.run, False
-  if p.run == "chunked":
-    new.mode = "colocated"
-    new.scheduler.colocated_policy = "chunked_prefill"
-  for role, n, tp in p.tiers:
-    new.cluster[role].instances, new.cluster[role].tp = n, tp
-  if p.run == "disaggregated":   # the unused tier must still validate
-    new.cluster.colocated.tp = p.tiers[0][2]
-  else:
-    new.cluster.prefill.tp = new.cluster.decode.tp = p.tiers[0][2]
-  for (role, _, _), n_pages in zip(p.tiers, pages):
-    new.cluster[role].kv_pages = n_pages     # each tier's pool from its own chips' memory
-  new.kv.pages_per_instance = min(pages)
-  new.workload.rate = float(rate)
-  # Enough arrivals that the window is long against a request's lifetime at every rate: a
-  # fixed count at a high rate ends before queues reach their steady state.
-  n = max(cfg.plan.num_requests, math.ceil(rate * cfg.plan.min_duration_s))
-  new.workload.num_requests = n
-  if cfg.workload.kind != "synthetic":
-    if trace is None:
-      raise ValueError("a trace workload is planned from its resampled lengths: pass trace")
-    for key, value in trace.workload(n, rate).items():
-      new.workload[key] = value
-  return new
-
-
-def evaluate(cfg, mcfg, p: Placement, rate: float,
-             trace: workload_mix.TraceLengths | None = None) -> RunRecord:
-  """One simulated run of the placement at `rate` req/s: its per-request latencies."""
-  from pdjax import run as run_lib
-  run_cfg = placement_config(cfg, mcfg, p, rate, trace)
-  _, result, _ = run_lib.execute(run_cfg, mcfg, p.run, None, quiet=True)
-  return RunRecord.from_requests(rate, result.requests)
-
-
-def sustains(cfg):
-  """The rule of what a placement sustains, for this config's SLO (RunRecord.meets)."""
-  return lambda record: record.meets(cfg.slo.ttft_s, cfg.slo.tpot_s, cfg.slo.attainment)
-
-
-def fits(cfg, mcfg, p: Placement) -> bool:
-  return pools(cfg, mcfg, p) is not None
-
-
-def tp_ok(mcfg, tp: int) -> bool:
-  return all(n % tp == 0 for n in (mcfg.num_kv_heads, mcfg.num_heads, mcfg.intermediate_size))
-
-
-def warn_if_tiny(cfg, mcfg) -> None:
-  """run_info's one-line warning for a simulated `tiny` preset, on stderr."""
-  from pdjax.metrics.run_info import backend_info, model_info, tiny_sim_warning
-  if (warning := tiny_sim_warning({"backend": backend_info(cfg),
-                                   "model": model_info(cfg, mcfg)})):
-    print(warning, file=sys.stderr)
-
-
-def check_plan(p) -> None:
-  if p.min_duration_s < 0:
-    raise config_lib.ConfigError(f"plan.min_duration_s={p.min_duration_s} must be >= 0")
-  if p.chip_budget < 2 or p.num_requests < 1 or not 0 < p.rate_lo < p.rate_hi:
-    raise config_lib.ConfigError(
-        f"plan.chip_budget={p.chip_budget} (>= 2), plan.num_requests={p.num_requests} "
-        f"(>= 1), plan.rate_lo={p.rate_lo} < plan.rate_hi={p.rate_hi} (> 0) required")
+CONFIG = WORKDIR = None   # the --config and --workdir holders, defined by entry_point
 
 
 def main(argv) -> None:
-  from pdjax import run as run_lib
   if len(argv) > 1:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)
-  cfg = run_lib.CONFIG.value
+  cfg = CONFIG.value
   try:
     sim_cfg = cfg.copy_and_resolve_references()
     sim_cfg.backend = "sim"
@@ -151,10 +67,10 @@ def main(argv) -> None:
       map_mode.settings(cfg)
   except config_lib.ConfigError as e:
     fail(f"config error: {e}")
-  default = run_lib.default_workdir(flags.FLAGS["config"].config_filename)
+  default = default_workdir(flags.FLAGS["config"].config_filename)
   prefix = "map-" if p.get("map", False) else "plan-"
-  workdir = run_lib.WORKDIR.value or os.path.join(os.path.dirname(default),
-                                                  prefix + os.path.basename(default))
+  workdir = WORKDIR.value or os.path.join(os.path.dirname(default),
+                                          prefix + os.path.basename(default))
   command = " ".join(["python -m pdjax.plan", *sys.argv[1:]])
   if p.get("map", False):
     try:
@@ -197,12 +113,13 @@ def main(argv) -> None:
 
 def entry_point() -> None:
   """Without --config on the command line, the planner plans PLAN_DEFAULT: the flag is
-  pdjax.run's, whose default (the run's configs/default.py) ml_collections loads when the
-  flag is defined, reading sys.argv then; so argv names PLAN_DEFAULT before pdjax.run is
-  imported."""
+  pdjax.run's (cli.define_config_and_workdir), whose default (the run's configs/default.py)
+  ml_collections loads when the flag is defined, reading sys.argv then; so argv names
+  PLAN_DEFAULT before the flags are defined."""
+  global CONFIG, WORKDIR
   if not any(a.partition("=")[0] in ("--config", "-config") for a in sys.argv[1:]):
     sys.argv[1:1] = [f"--config={PLAN_DEFAULT}"]
-  from pdjax import run as _  # noqa: F401  (defines --config and --workdir)
+  CONFIG, WORKDIR = define_config_and_workdir()
   app.run(main, flags_parser=parse_flags)
 
 

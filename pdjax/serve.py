@@ -30,8 +30,10 @@ import uvicorn
 from absl import app, flags, logging
 
 from pdjax import config as config_lib
-from pdjax import run as run_lib   # defines --config and --workdir, shared with pdjax.run
-from pdjax.cli import fail, use_cpu_devices
+from pdjax.cli import define_config_and_workdir, fail, parse_flags, use_cpu_devices
+from pdjax.runner.build import build_run, ray_cluster_for
+from pdjax.runner.execute import run_info_of, summarize_run
+from pdjax.runner.outputs import default_workdir, write_outputs
 
 SWITCH_INTERVAL_S = 0.0005
 # glibc gives each thread that contends for the heap its own arena (up to 8 per core), and
@@ -43,6 +45,7 @@ MALLOC_ARENA_MAX = 2
 # bytes may take before uvicorn cancels what is left.
 DRAIN_TAIL_S = 5.0
 
+CONFIG, WORKDIR = define_config_and_workdir()   # as pdjax.run's
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _GRACE = flags.DEFINE_float("grace_s", 30.0, "On shutdown, how long requests in flight may "
@@ -80,7 +83,7 @@ def main(argv) -> None:
   limit_malloc_arenas()
   logging.set_verbosity(logging.WARNING)
   try:
-    cfg = run_lib.CONFIG.value
+    cfg = CONFIG.value
     cfg.mode  # a config file that failed to load raises here, on first use
   except OSError as e:
     fail(f"config error: cannot load --config: {e}")
@@ -99,9 +102,9 @@ def main(argv) -> None:
   from pdjax.text.tokenizer import TextError
 
   enable_compile_cache(cfg.compile_cache_dir)
-  default = run_lib.default_workdir(flags.FLAGS["config"].config_filename)
-  workdir = run_lib.WORKDIR.value or os.path.join(os.path.dirname(default),
-                                                  "serve-" + os.path.basename(default))
+  default = default_workdir(flags.FLAGS["config"].config_filename)
+  workdir = WORKDIR.value or os.path.join(os.path.dirname(default),
+                                          "serve-" + os.path.basename(default))
   from pdjax.server.startup import Startup
   startup = Startup()
   tokenizer, stop_ids = None, tuple(mcfg.eos_token_ids)
@@ -120,7 +123,7 @@ def main(argv) -> None:
   name = _NAME.value or cfg.model.checkpoint or cfg.model.preset
   run = run_name(cfg)
   os.makedirs(workdir, exist_ok=True)
-  with run_lib.ray_cluster_for(cfg) as ray_cluster:
+  with ray_cluster_for(cfg) as ray_cluster:
     engine = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir,
                     startup)
     if engine.driver is None:    # stopped, or failed, before it was ready: nothing served
@@ -130,10 +133,10 @@ def main(argv) -> None:
       print("stopped while starting: nothing was served", flush=True)
       return
     result, error = engine.result, engine.error
-    summary = run_lib.summarize_run(cfg, run, result, engine.instances)
-    summary["run_info"] = run_lib.run_info_of(cfg, mcfg, run, workload={
+    summary = summarize_run(cfg, run, result, engine.instances)
+    summary["run_info"] = run_info_of(cfg, mcfg, run, workload={
         "kind": "http", "requests": len(result.requests)})
-  run_lib.write_outputs(workdir, cfg, run, summary, result, requests_written=True)
+  write_outputs(workdir, cfg, run, summary, result, requests_written=True)
   engine.close()
   print(f"results: {workdir}", flush=True)
   if error is not None:   # written what it could; the crash is an error exit
@@ -156,7 +159,7 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workd
 
   def build():
     startup.begin("compiling programs")
-    return run_lib.build_run(cfg, mcfg, run, params, ray_cluster, progress=startup.program)
+    return build_run(cfg, mcfg, run, params, ray_cluster, progress=startup.program)
 
   metrics = ServerMetrics(model_name=name)
   engine = OnlineEngine.starting(build, startup, tokenizer=tokenizer, eos_ids=stop_ids,
@@ -264,5 +267,9 @@ class _RetryAfter:
     return await self.app(scope, receive, send_retry_after)
 
 
+def entry_point() -> None:
+  app.run(main, flags_parser=parse_flags)
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=run_lib.parse_flags)
+  entry_point()

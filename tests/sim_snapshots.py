@@ -49,7 +49,7 @@ def _config(overrides: dict):
 def take(name: str) -> dict:
   """{run: {"summary": ..., "requests": [...]}} of one snapshot config, as JSON-able data."""
   from pdjax import config as config_lib
-  from pdjax.run import execute
+  from pdjax.runner.execute import execute
   cfg = _config(CONFIGS[name])
   mcfg = config_lib.validate(cfg)
   out = {}

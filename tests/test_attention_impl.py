@@ -4,7 +4,7 @@ greedy tokens as the XLA path in a disaggregated run with different TP on each t
 import pytest
 
 from conftest import tiny_engine_options
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine.attention import resolve_impl
 from pdjax.engine.cluster import build_instances
 from pdjax.request import Request, SamplingParams, Status

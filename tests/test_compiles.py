@@ -48,7 +48,7 @@ def test_summary_report_and_table_show_both(tmp_path):
 def test_lazy_compile_builds_only_the_buckets_a_run_uses(tiny_model):
   """lazy_compile: no step program in warm-up; each bucket compiles on its first step, once,
   and the tokens are the no-cache reference's."""
-  from pdjax import serving
+  from pdjax.runner import serve_requests as serving
   from pdjax.engine import programs
   from pdjax.request import Request, SamplingParams
   cfg, params = tiny_model

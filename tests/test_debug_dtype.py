@@ -4,7 +4,7 @@ dtype), where rounding ties are not differences; a leaked token still fails it."
 import pytest
 
 from conftest import tiny_engine_options
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine.cluster import build_instances, host_params
 from pdjax.request import Request, SamplingParams, Status
 

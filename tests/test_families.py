@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine.cluster import build_instances, host_params
 from pdjax.engine.options import EngineOptions
 from pdjax.models.hf_loader import load_hf_checkpoint

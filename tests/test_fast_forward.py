@@ -41,7 +41,8 @@ CASES = {
 
 def _run(tmp_path, overrides: dict, fast_forward: bool):
   from pdjax import config as config_lib
-  from pdjax.run import execute, write_outputs
+  from pdjax.runner.execute import execute
+  from pdjax.runner.outputs import write_outputs
   cfg = sim_snapshots._config({**overrides, "sim.fast_forward": fast_forward})
   mcfg = config_lib.validate(cfg)
   out, counts = {}, {}
@@ -70,7 +71,7 @@ def test_fast_forward_outputs_equal_stepping_one_by_one(tmp_path, name):
 def test_role_switching_runs_step_by_step():
   """queue_balance is asked every loop turn: a run with it never fast-forwards."""
   from pdjax import config as config_lib
-  from pdjax.run import execute
+  from pdjax.runner.execute import execute
   cfg = sim_snapshots._config(sim_snapshots.CONFIGS["role_switch"])
   _, result, _ = execute(cfg, config_lib.validate(cfg), "disaggregated", None, quiet=True)
   assert result.role_switches and result.fast_forwarded == 0

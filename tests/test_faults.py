@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine.options import EngineOptions
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec

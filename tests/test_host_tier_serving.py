@@ -16,7 +16,7 @@ import pytest
 
 import sim_snapshots
 from pdjax import config as config_lib
-from pdjax.run import execute
+from pdjax.runner.execute import execute
 
 X = [random.Random(0).randrange(3, 500) for _ in range(64)]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pdjax import config as config_lib
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.kv.pages import BlockTables
 from pdjax.metrics.kv_cache import kv_cache_summary
 from pdjax.metrics.report_sections import extra_sections

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from conftest import tiny_engine_options
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine import programs
 from pdjax.engine.cluster import build_instances
 from pdjax.request import Request, SamplingParams, Status

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from conftest import tiny_engine_options
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine import programs
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec

@@ -278,7 +278,7 @@ def assert_same(got, want, path="stats"):
 def sim_result(name, run="disaggregated"):
   from sim_snapshots import CONFIGS, _config
   from pdjax import config as config_lib
-  from pdjax.run import execute
+  from pdjax.runner.execute import execute
   cfg = _config(CONFIGS[name])
   _, result, _ = execute(cfg, config_lib.validate(cfg), run, None, quiet=True)
   return result

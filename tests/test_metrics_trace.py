@@ -168,7 +168,7 @@ def sim_run(request):
   prefix cache."""
   from sim_snapshots import CONFIGS, _config
   from pdjax import config as config_lib
-  from pdjax.run import execute
+  from pdjax.runner.execute import execute
   cfg = _config(CONFIGS[request.param])
   _, result, _ = execute(cfg, config_lib.validate(cfg), "disaggregated", None, quiet=True)
   return result

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import tiny_engine_options
 from pdjax import config as config_lib
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine.hf_to_orbax import convert
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine.cluster import as_host, build_instances, host_params

@@ -11,7 +11,7 @@ import pytest
 
 import fake_engine as fe
 from conftest import tiny_engine_options
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine import programs
 from pdjax.engine.cluster import build_instances
 from pdjax.request import PendingToken, Request, SamplingParams, Status

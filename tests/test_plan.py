@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pdjax import config as config_lib
-from pdjax import plan as plan_lib
+from pdjax.planning import placement_runs as plan_lib
 from pdjax.models.llama_config import LlamaConfig
 from pdjax.planning import capacity
 from pdjax.planning.search import Placement, best_by_run, max_rate, placements, search

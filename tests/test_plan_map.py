@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from pdjax import config as config_lib
-from pdjax import plan as plan_lib
-from pdjax import run as run_lib
+from pdjax.planning import placement_runs as plan_lib
+from pdjax.runner import execute as run_lib
 from pdjax.planning import map_mode, mixes
 from pdjax.planning.map_search import Lattice, loosest_answer, map_placements, walk
 from pdjax.planning.search import Placement

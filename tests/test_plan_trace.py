@@ -8,7 +8,7 @@ import os
 import pytest
 
 from pdjax import config as config_lib
-from pdjax import plan as plan_lib
+from pdjax.planning import placement_runs as plan_lib
 from pdjax.planning import map_mode, workload_mix
 from pdjax.planning.search import Placement
 from pdjax.workload.loader import load_workload

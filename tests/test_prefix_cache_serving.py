@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine.options import EngineOptions
 from pdjax.models.llama_config import PRESETS
 from pdjax.request import Request, SamplingParams, Status

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdjax import config as config_lib
 from pdjax.kv.pages import BlockTables
 from pdjax.request import Request, SamplingParams, Status
-from pdjax.run import execute
+from pdjax.runner.execute import execute
 from pdjax.scheduler.tally import Tally
 from pdjax.scheduler.worker import Worker
 from pdjax.server.prometheus import EngineState, InstanceState, ServerMetrics, engine_state

@@ -15,7 +15,7 @@ import ray
 import torch
 
 from conftest import tiny_engine_options
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.distributed.launcher import RayCluster
 from pdjax.distributed.ray_transfer import split_pieces
 from pdjax.engine.cluster import build_instances

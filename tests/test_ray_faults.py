@@ -14,7 +14,7 @@ import ray
 import torch
 
 from conftest import tiny_engine_options
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.distributed import ray_transfer
 from pdjax.distributed.launcher import RayCluster
 from pdjax.distributed.ray_transfer import RayTransfer

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine.options import EngineOptions
 from pdjax.models.llama_config import LlamaConfig, PRESETS
 from pdjax.request import Request, SamplingParams, Status
@@ -135,7 +135,7 @@ def test_tier_kv_pools_and_their_validation():
   """cluster.<role>.kv_pages sizes that tier's pools (0: kv.pages_per_instance); a pool that
   cannot hold one max_model_len sequence is a one-line config error."""
   from pdjax import config as config_lib
-  from pdjax.run import execute
+  from pdjax.runner.execute import execute
   cfg = config_lib.load_config_module("configs/default.py").get_config("smoke")
   cfg.backend, cfg.mode, cfg.progress = "sim", "disaggregated", False
   cfg.cluster.decode.kv_pages = 96

@@ -3,7 +3,7 @@ so the simulator's "same tokens" checks see KV routed to the wrong request: toke
 the prompt, not only on the position, and moving the wrong pages changes them."""
 
 from conftest import tiny_engine_options
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.models.llama_config import PRESETS
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.scheduler.clock import ManualClock

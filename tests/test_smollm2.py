@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine.cluster import build_instances, host_params
 from pdjax.engine.options import EngineOptions
-from pdjax.generate import _policies
+from pdjax.runner.build import generate_policies as _policies
 from pdjax.models.llama_config import config_from_hf
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.text.stops import stop_token_ids

@@ -14,7 +14,7 @@ import pytest
 from pdjax import config as config_lib
 from pdjax.metrics import compare, intervals
 from pdjax.metrics.sweep_tables import CSV_COLUMNS, differences, row_of
-from pdjax.sweep import apply_overrides, label_of, load_sweep, point_names
+from pdjax.runner.sweep_points import apply_overrides, label_of, load_sweep, point_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

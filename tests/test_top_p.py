@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_engine_options
-from pdjax import serving
+from pdjax.runner import serve_requests as serving
 from pdjax.engine import batch as batch_lib
 from pdjax.engine import programs
 from pdjax.engine.cluster import build_instances

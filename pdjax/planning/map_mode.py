@@ -12,9 +12,9 @@ the best of each kind, the winner and disaggregated / best aggregated.
 
 A rate counts where the placement sustains it by the plain planner's rule
 (slo_grid.RunRecord.meets: attainment >= the target and no latency growth over the run); runs
-are pdjax.plan.evaluate's, so a map and a plan of the same runs agree. The mix `workload` (or
-`config`) on a trace workload offers the trace's lengths, resampled, at Poisson rates
-(workload_mix.TraceLengths, written to DIR/workload_resampled.jsonl).
+are placement_runs.evaluate's, as `pdjax.plan`'s, so a map and a plan of the same runs agree.
+The mix `workload` (or `config`) on a trace workload offers the trace's lengths, resampled, at
+Poisson rates (workload_mix.TraceLengths, written to DIR/workload_resampled.jsonl).
 
 Writes DIR/map.csv, map.md (opening with what ran: backend, models, mixes, SLO grid, seed; each
 mix's length percentiles above its diagrams), runs.csv, runs.npz (the per-request arrays) and
@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from pdjax.config import ConfigError
-from pdjax.planning import capacity, map_output, mixes, workload_mix
+from pdjax.planning import capacity, map_output, mixes, placement_runs, workload_mix
 from pdjax.planning.map_search import Lattice, loosest_answer, map_placements, walk
 from pdjax.planning.slo_grid import RunRecord, cells
 
@@ -99,8 +99,8 @@ MIN_POOL_SEQS = 4   # a tier's KV must hold this many max_model_len sequences to
 
 def roomy(c, mcfg, placement) -> bool:
   """Every tier of the placement keeps KV room for MIN_POOL_SEQS max-length sequences after
-  its weights (plan.fits asks for one; a tier that holds a handful only starves, e.g. 70B at TP2
-  on 80 GB chips)."""
+  its weights (placement_runs.fits asks for one; a tier that holds a handful only starves, e.g.
+  70B at TP2 on 80 GB chips)."""
   from pdjax.sim.hardware import HARDWARE
   per_seq = -(-c.kv.max_model_len // c.kv.page_size)
   return all(capacity.kv_pages(mcfg, HARDWARE[c.sim.hardware], tp, page_size=c.kv.page_size,
@@ -131,7 +131,6 @@ def combo(cfg, model: str, hw: str, mix: str, workdir: str = "", lengths: bool =
 def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "") -> dict:
   """Runs the map's simulations; returns {(model, hardware, mix): [(kind, placement, chips,
   records)]} and appends runs.csv rows to runs_out and arrays to `arrays`."""
-  from pdjax import plan as plan_lib
   p = cfg.plan
   slo_cells = [(t, q) for t in s.ttft_grid for q in s.tpot_grid]
   out = {}
@@ -141,8 +140,9 @@ def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "
         c, mcfg, trace = combo(cfg, model, hw, mix, workdir)
         t0 = time.time()
         cands = map_placements(p.chip_budget, p.tp_choices,
-                               lambda t: plan_lib.tp_ok(mcfg, t),
-                               lambda pl: plan_lib.fits(c, mcfg, pl) and roomy(c, mcfg, pl),
+                               lambda t: placement_runs.tp_ok(mcfg, t),
+                               lambda pl: (placement_runs.fits(c, mcfg, pl)
+                                           and roomy(c, mcfg, pl)),
                                tp_count=p.map_tp_count,
                                full_budget=p.map_full_budget, max_disagg=p.map_max_disagg)
         _log(f"{model} {hw} {mix}: {len(cands)} placements")
@@ -151,7 +151,7 @@ def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "
           def evaluate(per_chip: float, pl=pl) -> RunRecord:
             rate = per_chip * pl.chips
             t = time.time()
-            rec = plan_lib.evaluate(c, mcfg, pl, rate, trace)
+            rec = placement_runs.evaluate(c, mcfg, pl, rate, trace)
             i = len(runs_out)
             arrays.update({f"r{i}_ttft": rec.ttft, f"r{i}_tpot": rec.tpot,
                            f"r{i}_judged": rec.judged})
@@ -198,7 +198,6 @@ def load_runs(path: str) -> tuple[dict, list, dict]:
 def what_ran(cfg, s: MapSettings, workdir: str, command: str) -> tuple[list[str], dict]:
   """map.md's opening lines (what ran) and each mix's length-percentiles line; prints the
   `tiny` warning once when a mapped model is the toy preset."""
-  from pdjax import plan as plan_lib
   from pdjax.metrics import run_info as info_lib
   backends, models, lengths, kinds = {}, {}, {}, {}
   for model in s.models:
@@ -207,7 +206,7 @@ def what_ran(cfg, s: MapSettings, workdir: str, command: str) -> tuple[list[str]
       backends[hw] = info_lib.describe_backend(info_lib.backend_info(c))
       if model not in models:
         models[model] = info_lib.describe_model(info_lib.model_info(c, mcfg))
-        plan_lib.warn_if_tiny(c, mcfg)      # a model is seen once: one warning at most
+        placement_runs.warn_if_tiny(c, mcfg)      # a model is seen once: one warning at most
   for mix in s.mixes:
     c, mcfg, trace = combo(cfg, s.models[0], s.hardware[0], mix, workdir)
     lengths[mix] = workload_mix.length_line(*workload_mix.mix_lengths(c, mcfg, trace))

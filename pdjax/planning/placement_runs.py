@@ -1,0 +1,99 @@
+"""The planner's runs of one placement (`pdjax.plan` and its map mode, planning/map_mode.py):
+whether it fits the chips (each tier's KV pool from the memory its weights leave), its
+simulated config at a rate, one simulated run of it (runner.execute), the rule of what it
+sustains at the config's SLO, and the checks of the plan.* settings."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from pdjax import config as config_lib
+from pdjax.planning import capacity, workload_mix
+from pdjax.planning.search import Placement
+from pdjax.planning.slo_grid import RunRecord
+
+
+def pools(cfg, mcfg, p: Placement) -> list[int] | None:
+  """Each tier's KV pages per instance from its chips' memory (None: a tier cannot hold one
+  kv.max_model_len sequence)."""
+  from pdjax.sim.hardware import HARDWARE
+  out = [capacity.pool_pages(mcfg, HARDWARE[cfg.sim.hardware], tp, page_size=cfg.kv.page_size,
+                             dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
+                             mem_util=cfg.plan.mem_util, max_model_len=cfg.kv.max_model_len,
+                             max_batch=max(cfg.scheduler.decode_buckets))
+         for _, _, tp in p.tiers]
+  return None if None in out else out
+
+
+def placement_config(cfg, mcfg, p: Placement, rate: float,
+                     trace: workload_mix.TraceLengths | None = None):
+  """The sim config of one placement at one rate (None when it does not fit in memory).
+  trace: cfg's workload as resampled lengths (required when the workload is a trace)."""
+  pages = pools(cfg, mcfg, p)
+  if pages is None:
+    return None
+  new = cfg.copy_and_resolve_references()
+  new.backend, new.mode, new.progress = "sim", p.run, False
+  if p.run == "chunked":
+    new.mode = "colocated"
+    new.scheduler.colocated_policy = "chunked_prefill"
+  for role, n, tp in p.tiers:
+    new.cluster[role].instances, new.cluster[role].tp = n, tp
+  if p.run == "disaggregated":   # the unused tier must still validate
+    new.cluster.colocated.tp = p.tiers[0][2]
+  else:
+    new.cluster.prefill.tp = new.cluster.decode.tp = p.tiers[0][2]
+  for (role, _, _), n_pages in zip(p.tiers, pages):
+    new.cluster[role].kv_pages = n_pages     # each tier's pool from its own chips' memory
+  new.kv.pages_per_instance = min(pages)
+  new.workload.rate = float(rate)
+  # Enough arrivals that the window is long against a request's lifetime at every rate: a
+  # fixed count at a high rate ends before queues reach their steady state.
+  n = max(cfg.plan.num_requests, math.ceil(rate * cfg.plan.min_duration_s))
+  new.workload.num_requests = n
+  if cfg.workload.kind != "synthetic":
+    if trace is None:
+      raise ValueError("a trace workload is planned from its resampled lengths: pass trace")
+    for key, value in trace.workload(n, rate).items():
+      new.workload[key] = value
+  return new
+
+
+def evaluate(cfg, mcfg, p: Placement, rate: float,
+             trace: workload_mix.TraceLengths | None = None) -> RunRecord:
+  """One simulated run of the placement at `rate` req/s: its per-request latencies."""
+  from pdjax.runner.execute import execute
+  run_cfg = placement_config(cfg, mcfg, p, rate, trace)
+  _, result, _ = execute(run_cfg, mcfg, p.run, None, quiet=True)
+  return RunRecord.from_requests(rate, result.requests)
+
+
+def sustains(cfg):
+  """The rule of what a placement sustains, for this config's SLO (RunRecord.meets)."""
+  return lambda record: record.meets(cfg.slo.ttft_s, cfg.slo.tpot_s, cfg.slo.attainment)
+
+
+def fits(cfg, mcfg, p: Placement) -> bool:
+  return pools(cfg, mcfg, p) is not None
+
+
+def tp_ok(mcfg, tp: int) -> bool:
+  return all(n % tp == 0 for n in (mcfg.num_kv_heads, mcfg.num_heads, mcfg.intermediate_size))
+
+
+def warn_if_tiny(cfg, mcfg) -> None:
+  """run_info's one-line warning for a simulated `tiny` preset, on stderr."""
+  from pdjax.metrics.run_info import backend_info, model_info, tiny_sim_warning
+  if (warning := tiny_sim_warning({"backend": backend_info(cfg),
+                                   "model": model_info(cfg, mcfg)})):
+    print(warning, file=sys.stderr)
+
+
+def check_plan(p) -> None:
+  if p.min_duration_s < 0:
+    raise config_lib.ConfigError(f"plan.min_duration_s={p.min_duration_s} must be >= 0")
+  if p.chip_budget < 2 or p.num_requests < 1 or not 0 < p.rate_lo < p.rate_hi:
+    raise config_lib.ConfigError(
+        f"plan.chip_budget={p.chip_budget} (>= 2), plan.num_requests={p.num_requests} "
+        f"(>= 1), plan.rate_lo={p.rate_lo} < plan.rate_hi={p.rate_hi} (> 0) required")

@@ -1,0 +1,125 @@
+"""The instances of one run (real, simulated, or Ray actors), its scheduling policies, and the
+arguments `serve_requests.serve` takes besides them, from a validated config."""
+
+from __future__ import annotations
+
+import os
+
+from pdjax import config as config_lib
+from pdjax.engine import options as options_lib
+
+
+def _overlap(cfg):
+  """scheduler.overlap as serve_requests.serve takes it (a command-line override arrives as
+  text)."""
+  value = cfg.scheduler.get("overlap", "auto")
+  return value.lower() if isinstance(value, str) else value
+
+
+def policies_for(cfg, run: str, opts):
+  """The scheduling policies of one run (run: colocated | chunked | disaggregated)."""
+  from pdjax.scheduler import policies as policy_lib
+  sc = cfg.scheduler
+  names = {key: sc[key] for key in policy_lib.CHOICES}
+  if run == "chunked":
+    names["colocated_policy"] = "chunked_prefill"
+  elif cfg.mode == "compare" or run == "disaggregated":
+    names["colocated_policy"] = "prefill_first"   # the plain baseline; D steps are decodes
+  params = dict(token_budget=max(opts.prefill_buckets), chunk_budget=sc.chunk_budget,
+                max_prefill_seqs=opts.max_prefill_seqs, length_threshold=sc.length_threshold,
+                saturation=sc.saturation, max_queue=sc.max_queue, slo_ttft_s=cfg.slo.ttft_s,
+                slo_tpot_s=cfg.slo.tpot_s, interval_s=sc.role_switch_interval_s,
+                queued_tokens=sc.role_switch_queued_tokens, shared_salt=cfg.kv.shared_salt,
+                headroom=sc.get("admission_headroom", 1.0))
+  return policy_lib.build(names, params, seed=cfg.seed)
+
+
+def generate_policies(mode: str, opts, chunk_budget: int):
+  """pdjax.generate's policies (its --mode): chunked: colocated with chunked prefill; None (the
+  driver's defaults) otherwise."""
+  if mode != "chunked":
+    return None
+  from pdjax.scheduler import policies as policy_lib
+  names = dict(prefill_router="least_loaded", decode_router="least_loaded",
+               path="always_disagg", admission="none", colocated_policy="chunked_prefill",
+               role_switch="none")
+  return policy_lib.build(names, dict(token_budget=max(opts.prefill_buckets),
+                                      chunk_budget=chunk_budget,
+                                      max_prefill_seqs=opts.max_prefill_seqs))
+
+
+def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None):
+  """The instances of one run (real, simulated, or Ray actors) and what serve_requests.serve takes
+  besides them: (mode, instances, serve kwargs: policies, injector, clock / transfer_fn for
+  the simulator and Ray, and the DriverOptions the config sets). progress(done, total, what):
+  each program the real engine compiles in this process (engine.cluster.build_instances)."""
+  from pdjax.faults.injector import FaultInjector
+  chunked = run == "chunked" or (run == "colocated" and
+                                 cfg.scheduler.colocated_policy == "chunked_prefill")
+  opts = options_lib.engine_options(cfg, chunked=chunked)
+  mode = config_lib.RUNS[run]
+  tiers = config_lib.tiers(cfg)[mode]
+  serve_kwargs = {}
+  if cfg.backend == "sim":
+    from pdjax.scheduler.clock import ManualClock
+    from pdjax.sim.instance import build_sim_instances, sim_transfer
+    clock = ManualClock()
+    instances = build_sim_instances(tiers, mcfg, opts, hardware=cfg.sim.hardware, clock=clock,
+                                    link_gbps=cfg.sim.link_gbps,
+                                    dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
+                                    profile=config_lib.sim_profile(cfg, mcfg),
+                                    opts_by_role=options_lib.tier_options(cfg, opts))
+    serve_kwargs = dict(clock=clock, transfer_fn=sim_transfer,
+                        fast_forward=bool(cfg.sim.get("fast_forward", True)))
+  elif ray_cluster is not None:
+    instances = ray_cluster.build_instances(
+        tiers, mcfg, opts, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
+        roles_may_change=cfg.scheduler.role_switch != "none",
+        opts_by_role=options_lib.tier_options(cfg, opts))
+    serve_kwargs = dict(transfer_fn=ray_cluster.transfer_fn)
+  else:
+    from pdjax.engine.cluster import build_instances
+    instances = build_instances(tiers, mcfg, host_params, opts,
+                                roles_may_change=cfg.scheduler.role_switch != "none",
+                                opts_by_role=options_lib.tier_options(cfg, opts),
+                                progress=progress)
+  if cfg.kv.prefix_cache:
+    for inst in instances:
+      inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)
+  if cfg.kv.get("host_tier_pages", 0):   # one node: every instance shares one host tier
+    from pdjax.kv.host_tier import HostTier
+    from pdjax.sim.hardware import HARDWARE
+    tier = HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy)
+    gbps = cfg.sim.get("host_link_gbps", 0.0)
+    link = gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s
+    handoff = cfg.kv.get("host_tier_handoff", "transfer")
+    for inst in instances:
+      inst.attach_host_tier(tier, link, handoff)
+    if handoff == "host" and cfg.backend == "jax":
+      from pdjax.engine.host_copies import transfer_through_host_tier
+      serve_kwargs["transfer_fn"] = transfer_through_host_tier
+  kv = cfg.kv
+  serve_kwargs.update(policies=policies_for(cfg, run, opts),
+                      injector=FaultInjector(config_lib.fault_spec(cfg)),
+                      shared_salt=kv.shared_salt, tenant_quota_pages=kv.tenant_quota_pages,
+                      flush_schedule=config_lib.flush_schedule(cfg), vocab_size=mcfg.vocab_size,
+                      transfer_failure_policy=kv.transfer_failure_policy,
+                      transfer_retries=kv.transfer_retries,
+                      transfer_backoff_s=kv.transfer_backoff_s,
+                      transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
+                      debug=cfg.debug, overlap=_overlap(cfg))
+  return mode, instances, serve_kwargs
+
+
+def ray_cluster_for(cfg):
+  """A context holding the run's RayCluster (started on entry, stopped on exit) under
+  cluster.launcher=ray; holding None otherwise."""
+  import contextlib
+  if config_lib.launcher(cfg) != "ray":
+    return contextlib.nullcontext()
+  from pdjax.distributed.launcher import RayCluster
+  c = cfg.cluster
+  return RayCluster(address=c.ray_address, accelerator=c.ray_accelerator,
+                    transfer_host=c.transfer_host, pull_timeout_s=c.pull_timeout_s,
+                    compile_cache_dir=os.path.expanduser(cfg.compile_cache_dir),
+                    transfer_timeout_s=cfg.kv.transfer_timeout_s)
