@@ -52,5 +52,9 @@ def main(argv) -> None:
         f"copied {', '.join(marker['copied'])}")
 
 
-if __name__ == "__main__":
+def entry_point() -> None:
   app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+  entry_point()
