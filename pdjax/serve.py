@@ -8,7 +8,7 @@ scheduler.colocated_policy=chunked_prefill for chunked prefill; compare, the shi
 default, serves disaggregated) on the same instances, policies
 and KV transfer as `pdjax.run`: POST /v1/completions and /v1/chat/completions (streaming or
 not), GET /v1/models, /health and /metrics (Prometheus). The driver runs on the wall clock in
-its own thread (pdjax/server/engine.py). SIGINT / SIGTERM: stop admitting (new requests, on the
+its own thread (pdjax/server/driver_bridge.py). SIGINT / SIGTERM: stop admitting (new requests, on the
 socket kept open until the drain ends, get 503 with Retry-After), let requests in flight finish
 for --grace_s, cancel the rest (streams end with finish_reason "abort" and [DONE], whole answers
 with what they have; a second signal cancels at once), then write the run's
@@ -150,7 +150,7 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workd
   thread's crash). requests.jsonl is written into workdir as requests end."""
   from pdjax.server import protocol
   from pdjax.server.app import make_app
-  from pdjax.server.engine import OnlineEngine
+  from pdjax.server.driver_bridge import DriverBridge
   from pdjax.server.prometheus import ServerMetrics
 
   # The driver thread and the HTTP event loop share the GIL: hand it over every 0.5 ms, not
@@ -162,7 +162,7 @@ def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workd
     return build_run(cfg, mcfg, run, params, ray_cluster, progress=startup.program)
 
   metrics = ServerMetrics(model_name=name)
-  engine = OnlineEngine.starting(build, startup, tokenizer=tokenizer, eos_ids=stop_ids,
+  engine = DriverBridge.starting(build, startup, tokenizer=tokenizer, eos_ids=stop_ids,
                                  metrics=metrics,
                                  requests_path=os.path.join(workdir, "requests.jsonl"))
   startup.cancelled = lambda: engine.draining   # a signal while compiling: stop there

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from pdjax.engine.options import EngineOptions
 from pdjax.request import Status
 from pdjax.server.app import make_app
-from pdjax.server.engine import OnlineEngine
+from pdjax.server.driver_bridge import DriverBridge
 
 from fake_engine import OPTS, FakeInstance
 
@@ -31,14 +31,14 @@ def _engine():
   inst.role = "colocated"
   inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
                             prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
-  return OnlineEngine("colocated", [inst], tokenizer=None, eos_ids=())
+  return DriverBridge("colocated", [inst], tokenizer=None, eos_ids=())
 
 
 def test_a_driver_crash_is_logged_fails_its_requests_and_turns_health_500(caplog):
   engine = _engine()
   engine.start()
   app = make_app(engine, model_name="fake", max_model_len=OPTS.max_model_len, vocab_size=1000)
-  with caplog.at_level(logging.ERROR, logger="pdjax.server.engine"), TestClient(app) as client:
+  with caplog.at_level(logging.ERROR, logger="pdjax.server.driver_bridge"), TestClient(app) as client:
     assert client.get("/health").json() == {"status": "ok"}
     r = client.post("/v1/completions", json={"model": "fake", "prompt": [5, 6, 7],
                                              "max_tokens": 4})
@@ -52,7 +52,7 @@ def test_a_driver_crash_is_logged_fails_its_requests_and_turns_health_500(caplog
     r = client.post("/v1/completions", json={"model": "fake", "prompt": [5], "max_tokens": 1})
     assert (r.status_code, r.json()["error"]["message"]) == (   # (was 503 "shutting down")
         500, "the engine stopped: ZeroDivisionError: a bug in the decode step")
-  crashes = [rec for rec in caplog.records if rec.name == "pdjax.server.engine"]
+  crashes = [rec for rec in caplog.records if rec.name == "pdjax.server.driver_bridge"]
   assert len(crashes) == 1 and crashes[0].levelno == logging.ERROR
   text = crashes[0].getMessage()
   assert text.startswith("the driver thread died:\nTraceback (most recent call last):")

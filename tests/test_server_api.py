@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from pdjax.engine.options import EngineOptions
 from pdjax.server.app import make_app
-from pdjax.server.engine import OnlineEngine
+from pdjax.server.driver_bridge import DriverBridge
 from pdjax.server.text_stream import TextStream
 
 from fake_engine import OPTS, FakeInstance
@@ -43,7 +43,7 @@ def server():
   inst.role = "colocated"
   inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
                             prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
-  engine = OnlineEngine("colocated", [inst], tokenizer=Digits(), eos_ids=(110,),
+  engine = DriverBridge("colocated", [inst], tokenizer=Digits(), eos_ids=(110,),
                         tenant_quota_pages=4)
   engine.start()
   app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000)
@@ -172,7 +172,7 @@ def test_without_a_tokenizer_answers_carry_token_ids():
   inst.role = "colocated"
   inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
                             prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
-  engine = OnlineEngine("colocated", [inst], tokenizer=None, eos_ids=(110,))
+  engine = DriverBridge("colocated", [inst], tokenizer=None, eos_ids=(110,))
   engine.start()
   app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000)
   with TestClient(app) as client:

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from pdjax.engine.options import EngineOptions
 from pdjax.server import protocol
 from pdjax.server.app import make_app
-from pdjax.server.engine import OnlineEngine
+from pdjax.server.driver_bridge import DriverBridge
 from pdjax.text import chat as chat_lib
 
 from fake_engine import OPTS, FakeInstance
@@ -59,7 +59,7 @@ def _serving(num_pages: int, *, prefix_cache: bool = False, metrics=None, **app_
   if prefix_cache:
     inst.tables.enable_prefix_cache(0, 0.0, "lru")
   tokenizer = DigitsWithTemplate()
-  engine = OnlineEngine("colocated", [inst], tokenizer=tokenizer, eos_ids=(110,),
+  engine = DriverBridge("colocated", [inst], tokenizer=tokenizer, eos_ids=(110,),
                         metrics=metrics)
   engine.start()
   app = make_app(engine, model_name=MODEL, max_model_len=OPTS.max_model_len, vocab_size=1000,

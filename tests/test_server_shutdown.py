@@ -18,7 +18,7 @@ import httpx
 
 from pdjax.engine.options import EngineOptions
 from pdjax.request import Status
-from pdjax.server.engine import OnlineEngine
+from pdjax.server.driver_bridge import DriverBridge
 from pdjax.server.protocol import Generation
 
 from fake_engine import OPTS, FakeInstance
@@ -132,7 +132,7 @@ def test_the_driver_never_sends_to_a_closed_loop():
   inst.role = "colocated"
   inst.opts = EngineOptions(page_size=4, num_pages=32, max_model_len=OPTS.max_model_len,
                             prefill_buckets=(16,), max_prefill_seqs=4, decode_buckets=(4,))
-  engine = OnlineEngine("colocated", [inst], tokenizer=None, eos_ids=())
+  engine = DriverBridge("colocated", [inst], tokenizer=None, eos_ids=())
   engine.start()
   g = Generation(chat=False, prompt_ids=[1] * 4, max_tokens=20, temperature=0.0, top_p=1.0,
                  seed=None, stop=(), stream=True, include_usage=False, ignore_eos=True)

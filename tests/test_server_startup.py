@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from pdjax.engine.options import EngineOptions
 from pdjax.server.app import make_app
-from pdjax.server.engine import OnlineEngine
+from pdjax.server.driver_bridge import DriverBridge
 from pdjax.server.startup import Startup, StartupCancelled
 
 from fake_engine import OPTS, FakeInstance
@@ -57,7 +57,7 @@ def test_health_says_starting_and_requests_wait_for_ready():
   out = io.StringIO()
   startup = Startup(out=out)
   build = _Build(startup)
-  engine = OnlineEngine.starting(build, startup, tokenizer=None, eos_ids=())
+  engine = DriverBridge.starting(build, startup, tokenizer=None, eos_ids=())
   engine.start()
   assert build.waiting.wait(10)
   with TestClient(_app(engine)) as client:
@@ -85,7 +85,7 @@ def test_health_says_starting_and_requests_wait_for_ready():
 def test_a_shutdown_while_compiling_stops_the_start_up():
   startup = Startup(out=io.StringIO())
   build = _Build(startup)
-  engine = OnlineEngine.starting(build, startup, tokenizer=None, eos_ids=())
+  engine = DriverBridge.starting(build, startup, tokenizer=None, eos_ids=())
   startup.cancelled = lambda: engine.draining
   engine.start()
   assert build.waiting.wait(10)
@@ -98,7 +98,7 @@ def test_a_shutdown_while_compiling_stops_the_start_up():
 def test_a_start_up_that_fails_turns_health_500():
   startup = Startup(out=io.StringIO())
   build = _Build(startup, fail=RuntimeError("out of device memory"))
-  engine = OnlineEngine.starting(build, startup, tokenizer=None, eos_ids=())
+  engine = DriverBridge.starting(build, startup, tokenizer=None, eos_ids=())
   engine.start()
   build.go.set()
   engine._thread.join(10)

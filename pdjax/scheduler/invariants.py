@@ -1,5 +1,6 @@
 """The driver's invariant checks (after every loop turn with `debug`; the end-of-run checks
-are in `Driver.run` and `pdjax.serving.check_end_state`). A mixin of `Driver`; pure Python."""
+are in `Driver.run` and `pdjax.runner.serve_requests.check_end_state`). A mixin of `Driver`;
+pure Python."""
 
 from __future__ import annotations
 

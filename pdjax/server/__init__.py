@@ -1,8 +1,8 @@
 """The OpenAI-compatible server (python -m pdjax.serve) and its parts.
 
 `app`: the HTTP endpoints (FastAPI); `protocol`: the OpenAI request bodies checked and turned
-into token ids and sampling; `engine`: the online bridge from the HTTP handlers to the driver,
-running on the wall clock in its own thread (not pdjax.engine); `text_stream`: a request's text
+into token ids and sampling; `driver_bridge`: DriverBridge, the online bridge from the HTTP
+handlers to the driver, running on the wall clock in its own thread; `text_stream`: a request's text
 a piece per token, with stop strings; `startup`: the start-up's progress for stderr and
 /health; `prometheus`: the /metrics counters under vLLM's names.
 """

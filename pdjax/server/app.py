@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdjax.request import Status
 from pdjax.server import protocol
-from pdjax.server.engine import Draining, EngineStopped, OnlineEngine
+from pdjax.server.driver_bridge import Draining, EngineStopped, DriverBridge
 
 DISCONNECT_POLL_S = 0.5   # a non-streaming request checks for its client this often
 MAX_BODY_BYTES = 4 * 1024 * 1024   # server.max_body_bytes' default: a larger body gets 413
@@ -47,7 +47,7 @@ async def read_body(http: HttpRequest, limit: int) -> bytes:
   return b"".join(chunks)
 
 
-def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab_size: int,
+def make_app(engine: DriverBridge, *, model_name: str, max_model_len: int, vocab_size: int,
              metrics=None, lifespan=None, max_body_bytes: int = MAX_BODY_BYTES,
              api_keys: dict[str, str] | None = None) -> FastAPI:
   """api_keys: {key: tenant} (server.api_keys); when given, /v1/ requests without a valid
@@ -151,7 +151,7 @@ def make_app(engine: OnlineEngine, *, model_name: str, max_model_len: int, vocab
   return app
 
 
-def _refusal(engine: OnlineEngine, req) -> protocol.ApiError | None:
+def _refusal(engine: DriverBridge, req) -> protocol.ApiError | None:
   """Why an ended request got no answer (None: it finished, or the shutdown cancelled it: it
   is answered with what it has and finish_reason "abort", as vLLM does)."""
   if req.status is Status.FINISHED or (req.status is Status.CANCELLED and engine.draining):

@@ -1,6 +1,6 @@
-"""The serving engine behind the HTTP server: the pdjax driver running on the wall clock in its
-own thread, fed through an Inbox, reporting each request's text back to the asyncio loop of
-the HTTP handlers. Pure Python (instances are built by the caller; no jax here).
+"""The bridge between the HTTP server and the driver (DriverBridge): the pdjax driver running on
+the wall clock in its own thread, fed through an Inbox, reporting each request's text back to
+the asyncio loop of the HTTP handlers. Pure Python (instances are built by the caller; no jax here).
 
     HTTP handler ──submit(Request, Generation)──► Inbox ──► driver thread (Driver.run)
          ▲                                                        │ on_token / on_finish
@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 
-from pdjax import serving
+from pdjax.runner import serve_requests
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.scheduler.driver import RunResult
 from pdjax.scheduler.clock import WallClock
@@ -55,23 +55,24 @@ class _Channel:
     self.loop, self.queue, self.stream = loop, queue, stream
 
   def send(self, event) -> None:
-    """Called with the engine's lock held (see OnlineEngine.detach)."""
+    """Called with the engine's lock held (see DriverBridge.detach)."""
     if not self.loop.is_closed():   # a loop closed under a detached engine: nobody listens
       self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
-class OnlineEngine:
+class DriverBridge:
 
   def __init__(self, mode: str, instances: list, *, tokenizer, eos_ids: tuple[int, ...],
                metrics=None, requests_path: str | None = None, **serve_kwargs):
-    """serve_kwargs: what serving.make_driver takes besides the clock (policies, injector,
+    """serve_kwargs: what serve_requests.make_driver takes besides the clock (policies, injector,
     transfer_fn, DriverOptions overrides). requests_path: where each request's requests.jsonl
     line is written as it ends (default: nowhere)."""
     self.mode, self.instances, self.tokenizer, self.eos_ids = mode, instances, tokenizer, eos_ids
     self.metrics = metrics
     self.clock = WallClock()
     self._spill = tempfile.TemporaryDirectory(prefix="pdjax-serve-")
-    self._records = open(requests_path, "w") if requests_path else None  # pylint: disable=consider-using-with
+    # (closed by close(), once the run's outputs are written)
+    self._records = open(requests_path, "w") if requests_path else None  # pylint: disable=R1732
     self._serve_kwargs, self._build, self.startup = serve_kwargs, None, None
     self.driver = None if instances is None else self._make_driver()
     self.cancelled = False      # a shutdown came during start-up: nothing was served
@@ -89,7 +90,7 @@ class OnlineEngine:
     self._thread = threading.Thread(target=self._run, name="pdjax-driver", daemon=True)
 
   @classmethod
-  def starting(cls, build, startup: Startup, **kwargs) -> "OnlineEngine":
+  def starting(cls, build, startup: Startup, **kwargs) -> "DriverBridge":
     """An engine that builds its instances on its own thread, once started: build() ->
     (mode, instances, serve_kwargs) loads and compiles, reporting to `startup`. Until it
     returns the engine is not `ready`: a request is refused (503 "the server is starting"),
@@ -99,7 +100,7 @@ class OnlineEngine:
     return engine
 
   def _make_driver(self):
-    return serving.make_driver(self.mode, self.instances, clock=self.clock,
+    return serve_requests.make_driver(self.mode, self.instances, clock=self.clock,
                                spill_dir=self._spill.name, **self._serve_kwargs)
 
   @property
@@ -122,7 +123,7 @@ class OnlineEngine:
         self.startup.finished()
         self._ready_event.set()
       self.result = self.driver.run([], inbox=self.inbox, listener=self)
-      serving.check_end_state(self.result, self.instances)
+      serve_requests.check_end_state(self.result, self.instances)
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by stop())
       self._crashed(e)
 
