@@ -11,7 +11,7 @@ from pdjax.kv.pages import BlockTables
 from pdjax.request import Request, SamplingParams
 from pdjax.scheduler.driver import DriverOptions
 from pdjax.scheduler.errors import DeviceError
-from pdjax.scheduler.worker import Worker as _Worker
+from pdjax.scheduler.instance_queue import InstanceQueue as _InstanceQueue
 
 PREFILL_S, DECODE_S = 0.1, 0.01
 
@@ -51,8 +51,8 @@ OPTS = DriverOptions(token_budget=16, max_prefill_seqs=4, max_decode_batch=4, ma
                      pool_pages=32, page_size=4)
 
 
-def Worker(instance, role, max_batch=4):
-  return _Worker(instance, role, max_batch)
+def InstanceQueue(instance, role, max_batch=4):
+  return _InstanceQueue(instance, role, max_batch)
 
 
 def ok_transfer(*_):

@@ -13,13 +13,13 @@ from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
 from pdjax.scheduler.errors import DeviceError
 
-from fake_engine import OPTS, FakeInstance, Worker, _req, ok_transfer  # noqa: F401
+from fake_engine import OPTS, FakeInstance, InstanceQueue, _req, ok_transfer  # noqa: F401
 
 
 def test_colocated_single_request_times_and_tokens():
   clock = ManualClock()
   inst = FakeInstance("colocated-0", clock)
-  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock)
   (r,) = driver.run([_req(0, 5, 3, arrival=1.0)]).requests
   assert r.status == Status.FINISHED and r.output_ids == [105, 106, 107]
   assert r.token_times == pytest.approx([1.1, 1.11, 1.12])
@@ -31,7 +31,7 @@ def test_colocated_single_request_times_and_tokens():
 def test_prefill_batches_under_token_budget_fcfs():
   clock = ManualClock()
   inst = FakeInstance("colocated-0", clock)
-  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock)
   reqs = [_req(0, 6, 1), _req(1, 6, 1), _req(2, 6, 1), _req(3, 2, 1)]
   driver.run(reqs)
   # 6+6 fit in 16; the third (6) does not, and r3 is not allowed to overtake it.
@@ -49,7 +49,8 @@ def test_disaggregated_moves_pages_then_frees_prefill_side():
     clock.advance(0.005)
     return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=4096, seconds=0.005)
 
-  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+  driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")],
+                  options=OPTS,
                   clock=clock, transfer_fn=transfer)
   (r,) = driver.run([_req(0, 9, 3)]).requests
   # 9 prompt tokens = 3 pages on P; 12 tokens reserved on D = 3 pages, the first 3 receive KV.
@@ -75,7 +76,7 @@ def test_transfer_failure_fails_only_that_request_and_frees_pages():
     return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
 
   opts = dataclasses.replace(OPTS, transfer_failure_policy="fail", transfer_retries=0)
-  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=opts,
+  driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")], options=opts,
                   clock=clock, transfer_fn=flaky)
   a, b = driver.run([_req(0, 4, 3), _req(1, 4, 3)]).requests
   assert (a.status, a.reason) == (Status.FAILED, "kv transfer failed after 1 attempt(s): "
@@ -89,7 +90,7 @@ def test_failed_step_fails_its_batch_not_the_run():
   clock = ManualClock()
   bad = FakeInstance("colocated-0", clock, fail_prefill=True)
   good = FakeInstance("colocated-1", clock)
-  driver = Driver("colocated", [Worker(bad, "colocated"), Worker(good, "colocated")],
+  driver = Driver("colocated", [InstanceQueue(bad, "colocated"), InstanceQueue(good, "colocated")],
                   options=OPTS, clock=clock)
   a, b = driver.run([_req(0, 4, 2), _req(1, 4, 2)]).requests   # least loaded: one each
   assert (a.status, a.reason) == (Status.FAILED, "prefill step failed on colocated-0: "
@@ -101,7 +102,7 @@ def test_failed_step_fails_its_batch_not_the_run():
 def test_rejections_are_terminal_with_reasons():
   clock = ManualClock()
   inst = FakeInstance("colocated-0", clock)
-  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock)
   reqs = [_req(0, 0, 2), _req(1, 20, 5), _req(2, 17, 1), _req(3, 3, 2)]
   driver.run(reqs)
   assert [(r.status.value, r.reason) for r in reqs] == [
@@ -116,7 +117,7 @@ def test_rejections_are_terminal_with_reasons():
 def test_eos_stops_generation():
   clock = ManualClock()
   inst = FakeInstance("colocated-0", clock)
-  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock)
   (r,) = driver.run([_req(0, 4, 16, eos=(106,))]).requests
   assert r.output_ids == [104, 105, 106] and r.status == Status.FINISHED
 
@@ -125,7 +126,8 @@ def test_kv_pressure_preempts_newest_and_recomputes_it():
   clock = ManualClock()
   p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock, num_pages=4)
   ok = lambda *a: dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
-  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+  driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")],
+                  options=OPTS,
                   clock=clock, transfer_fn=ok)
   # Decode pool: 4 pages x 4 tokens. Both requests arrive with 2 pages (prompt 4 + first
   # slot); at position 8 the first needs a third page, so the newest (r1) is preempted, waits,
@@ -142,7 +144,7 @@ def test_kv_pressure_preempts_newest_and_recomputes_it():
 def test_least_loaded_router_spreads_requests():
   clock = ManualClock()
   insts = [FakeInstance(f"colocated-{i}", clock) for i in range(3)]
-  driver = Driver("colocated", [Worker(i, "colocated") for i in insts], options=OPTS,
+  driver = Driver("colocated", [InstanceQueue(i, "colocated") for i in insts], options=OPTS,
                   clock=clock)
   reqs = driver.run([_req(i, 4, 1) for i in range(6)]).requests
   # Each arrival sees the others equally loaded: ties rotate, from colocated-1 for seed 0.
@@ -172,7 +174,8 @@ def test_a_transfer_in_flight_does_not_hold_the_loop():
     calls.append(1)
     return Landing() if len(calls) == 1 else R(bytes=1, seconds=0.0)
 
-  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+  driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")],
+                  options=OPTS,
                   clock=clock, transfer_fn=transfer)
   a, b = driver.run([_req(0, 4, 6), _req(1, 4, 6)]).requests
   assert a.status == b.status == Status.FINISHED
@@ -223,7 +226,8 @@ def test_source_pages_are_freed_only_after_the_landing_is_observed():
     log.append(("dispatch", rid))
     return Landing(rid, list(src_pages))
 
-  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+  driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")],
+                  options=OPTS,
                   clock=clock, transfer_fn=transfer)
   a, b = driver.run(reqs).requests
   assert (a.status, a.output_ids) == (Status.FINISHED, [104, 105, 106])
@@ -252,7 +256,7 @@ def test_a_step_that_never_completes_ends_in_a_dead_instance_not_a_hang():
 
   clock = WallClock()
   inst = HungInstance("colocated-0", clock)
-  driver = Driver("colocated", [Worker(inst, "colocated")], clock=clock,
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated")], clock=clock,
                   options=dataclasses.replace(OPTS, step_timeout_s=0.05))
   t0 = _time.perf_counter()
   result = driver.run([_req(0, 5, 3)])
@@ -274,7 +278,7 @@ def test_an_instance_idle_most_of_the_run_reports_a_queued_mean_near_0():
   from pdjax.metrics.timeline import tier_stats
   clock = ManualClock()
   inst = FakeInstance("colocated-0", clock)
-  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock)
   result = driver.run([_req(0, 5, 1), _req(1, 5, 1, arrival=9.9)])
   assert [(s["t"], s["queued"], s["running"], s["kv_pages_used"]) for s in result.samples] == [
       (0.0, 1, 0, 2), (0.1, 0, 0, 0), (9.9, 1, 0, 2), (pytest.approx(10.0), 0, 0, 0)]

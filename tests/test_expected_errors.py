@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from fake_engine import OPTS, FakeInstance, FakePending, Worker, _req
+from fake_engine import OPTS, FakeInstance, FakePending, InstanceQueue, _req
 from pdjax.request import Status
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
@@ -17,7 +17,8 @@ def _disagg(transfer_fn, **opts):
   clock = ManualClock()
   p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
   options = dataclasses.replace(OPTS, transfer_backoff_s=0.001, **opts)
-  return Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=options,
+  return Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")],
+                options=options,
                 clock=clock, transfer_fn=transfer_fn)
 
 
@@ -34,7 +35,7 @@ def test_a_bug_in_a_step_raises():
   inst = FakeInstance("colocated-0", clock)
   inst.decode = lambda seqs: FakePending(clock, 0.01, [], ValueError("30 exceeds the largest "
                                                                      "bucket 16"))
-  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock)
   with pytest.raises(ValueError, match="exceeds the largest bucket"):
     driver.run([_req(0, 4, 3)])
 
@@ -72,13 +73,14 @@ def test_one_device_error_among_landed_transfers_is_recovered_quietly():
 def test_a_failed_transfer_gives_its_decode_slot_back(monkeypatch, leak):
   """One decode slot: the failed attempt must release its reservation, or the retry (and the
   other request) can never be placed and the run stalls. leak=True shows the test sees it."""
-  from pdjax.scheduler.worker import Worker as RealWorker
+  from pdjax.scheduler.instance_queue import InstanceQueue as RealInstanceQueue
   if leak:
-    monkeypatch.setattr(RealWorker, "release", lambda self, req: None)
+    monkeypatch.setattr(RealInstanceQueue, "release", lambda self, req: None)
   flaky = _fails_once()
   clock = ManualClock()
   p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
-  driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode", max_batch=1)],
+  driver = Driver("disaggregated",
+                  [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode", max_batch=1)],
                   options=dataclasses.replace(OPTS, transfer_backoff_s=0.001), clock=clock,
                   transfer_fn=flaky)
   a, b = driver.run([_req(0, 4, 3), _req(1, 4, 3)]).requests

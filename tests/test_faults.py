@@ -207,8 +207,8 @@ def test_driver_cancel_api_ends_a_request_mid_decode():
                        max_prefill_seqs=4, decode_buckets=(16,))
   insts = build_sim_instances(DISAGG, PRESETS["tiny"], opts, hardware="a100", clock=clock)
   from pdjax.scheduler.driver import Driver
-  from pdjax.scheduler.worker import Worker
-  workers = [Worker(i, i.role, 16) for i in insts]
+  from pdjax.scheduler.instance_queue import InstanceQueue
+  workers = [InstanceQueue(i, i.role, 16) for i in insts]
   driver = Driver("disaggregated", workers, clock=clock, transfer_fn=sim_transfer,
                   options=dataclasses.replace(serving.driver_options(opts, 16), debug=True))
   original = driver._emit

@@ -18,7 +18,7 @@ from pdjax.faults.spec import FaultSpec
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.driver import Driver
-from pdjax.scheduler.worker import Worker
+from pdjax.scheduler.instance_queue import InstanceQueue
 
 pytestmark = pytest.mark.slow
 TIERS = [("prefill", 1, 1), ("decode", 2, 1)]
@@ -67,7 +67,7 @@ def test_a_decode_instance_killed_mid_decode(cluster):
   decode-1 and still produce the reference tokens."""
   instances, reference = cluster
   opts = instances[0].opts
-  workers = [Worker(i, i.role, max(opts.decode_buckets)) for i in instances]
+  workers = [InstanceQueue(i, i.role, max(opts.decode_buckets)) for i in instances]
   driver = Driver("disaggregated", workers, clock=WallClock(), transfer_fn=transfer_kv_async,
                   options=dataclasses.replace(serving.driver_options(opts, 8), debug=True))
   emit = driver._emit

@@ -107,7 +107,7 @@ def test_routers_count_host_pages_after_the_device_prefix_at_their_weight():
   from pdjax.kv.pages import BlockTables
   from pdjax.kv.prefix_cache import prefix_names
   from pdjax.scheduler.policies.kv_aware_prefix import KvAwarePrefix
-  from pdjax.scheduler.worker import Worker
+  from pdjax.scheduler.instance_queue import InstanceQueue
   tier, w = HostTier(16), 0.25
   names = prefix_names("tenant:a", X + [7], 16)
   assert len(names) == 4
@@ -119,7 +119,7 @@ def test_routers_count_host_pages_after_the_device_prefix_at_their_weight():
     if device_pages:
       tables.allocate("s", 16 * device_pages)
       tables.cache.insert(names[:device_pages], tables.block_table("s"), "tenant:a", 0.0)
-    workers.append(Worker(SimpleNamespace(name=name, tables=tables, host_page_weight=w),
+    workers.append(InstanceQueue(SimpleNamespace(name=name, tables=tables, host_page_weight=w),
                           "colocated", 4))
   for name in names:
     tier.offer(name, "tenant:a", "a", 0, writer="x", ready_s=9.0, now=0.0)

@@ -12,7 +12,7 @@ from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
 from pdjax.scheduler.inbox import Inbox
 
-from fake_engine import OPTS, FakeInstance, Worker, _req
+from fake_engine import OPTS, FakeInstance, InstanceQueue, _req
 
 
 class Listener:
@@ -37,7 +37,7 @@ def _until(pred, timeout_s=10.0):
 def test_inbox_feeds_a_running_driver_until_closed():
   clock = ManualClock()
   inst = FakeInstance("colocated-0", clock)
-  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock)
   inbox, listener, out = Inbox(), Listener({"r2": 2}), []
   thread = threading.Thread(target=lambda: out.append(driver.run([], inbox=inbox,
                                                                   listener=listener)))
@@ -73,7 +73,7 @@ def test_inbox_feeds_a_running_driver_until_closed():
 
 def test_a_call_that_raises_hands_its_exception_back():
   clock = ManualClock()
-  driver = Driver("colocated", [Worker(FakeInstance("colocated-0", clock), "colocated")],
+  driver = Driver("colocated", [InstanceQueue(FakeInstance("colocated-0", clock), "colocated")],
                   options=OPTS, clock=clock)
   inbox = Inbox()
   thread = threading.Thread(target=lambda: driver.run([], inbox=inbox))

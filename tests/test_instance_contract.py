@@ -13,7 +13,7 @@ from pdjax.engine.transfer import PendingTransfer, transfer_kv, transfer_kv_asyn
 from pdjax.models.llama_config import PRESETS
 from pdjax.scheduler import instance_contract as contract
 from pdjax.scheduler.clock import ManualClock
-from pdjax.scheduler.worker import SlowPending
+from pdjax.scheduler.instance_queue import SlowPending
 from pdjax.sim.host_handoff import via_host_tier
 from pdjax.sim.instance import SimInstance, SimPending, build_sim_instances, sim_transfer
 from pdjax.sim.transfer import SimTransfer

@@ -9,7 +9,7 @@ from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
 from pdjax.scheduler.errors import DeviceError
 
-from fake_engine import OPTS, FakeInstance, Worker, _req, ok_transfer
+from fake_engine import OPTS, FakeInstance, InstanceQueue, _req, ok_transfer
 
 
 def _with_failing_offload(inst, tier):
@@ -34,7 +34,7 @@ def _reqs(n=2):
 def test_a_failed_offload_while_planning_kills_the_instance_and_fails_its_request():
   clock = ManualClock()
   inst = _with_failing_offload(FakeInstance("colocated-0", clock, num_pages=6), HostTier(16))
-  driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock)
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock)
   r0, r1 = driver.run(_reqs()).requests
   assert (r0.status, r0.output_ids) == (Status.FINISHED, [112])
   assert (r1.status, r1.reason) == (
@@ -50,7 +50,7 @@ def test_a_failed_offload_recomputes_the_request_on_a_live_instance():
   tier = HostTier(16)
   bad = _with_failing_offload(FakeInstance("colocated-0", clock, num_pages=6), tier)
   good = FakeInstance("colocated-1", clock, num_pages=6)
-  driver = Driver("colocated", [Worker(bad, "colocated"), Worker(good, "colocated")],
+  driver = Driver("colocated", [InstanceQueue(bad, "colocated"), InstanceQueue(good, "colocated")],
                   options=OPTS, clock=clock)
   # Placements alternate: r0 and r2 on colocated-0 (r2 evicts r0's pages there), r1 on
   # colocated-1.
@@ -71,8 +71,9 @@ def test_a_failed_offload_on_a_transfer_destination_sends_the_request_to_another
   clock = ManualClock()
   good = FakeInstance("decode-0", clock, num_pages=6)
   bad = _with_failing_offload(FakeInstance("decode-1", clock, num_pages=6), HostTier(16))
-  workers = [Worker(FakeInstance("prefill-0", clock), "prefill"), Worker(good, "decode"),
-             Worker(bad, "decode")]
+  workers = [InstanceQueue(FakeInstance("prefill-0", clock), "prefill"),
+             InstanceQueue(good, "decode"),
+             InstanceQueue(bad, "decode")]
   driver = Driver("disaggregated", workers, options=OPTS, clock=clock, transfer_fn=ok_transfer)
   reqs = [_req(0, 12, 2)] + [_req(i, 20, 2, arrival=float(i)) for i in (1, 2)]
   for i, r in enumerate(reqs[1:], 1):

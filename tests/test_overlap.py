@@ -46,7 +46,7 @@ class DeviceTokenFake(fe.FakeInstance):
 def _serve(reqs, overlap, eos_after=None):
   clock = ManualClock()
   inst = DeviceTokenFake("colocated-0", clock)
-  driver = Driver("colocated", [fe.Worker(inst, "colocated")],
+  driver = Driver("colocated", [fe.InstanceQueue(inst, "colocated")],
                   options=dataclasses.replace(fe.OPTS, overlap=overlap, debug=True), clock=clock)
   return driver.run(reqs), inst
 

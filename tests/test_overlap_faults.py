@@ -48,7 +48,7 @@ class ActorLikeFake(fe.FakeInstance):
 def _serve(fail_at):
   clock = ManualClock()
   inst = ActorLikeFake("colocated-0", clock, fail_at)
-  driver = Driver("colocated", [fe.Worker(inst, "colocated")],
+  driver = Driver("colocated", [fe.InstanceQueue(inst, "colocated")],
                   options=dataclasses.replace(fe.OPTS, overlap=True, debug=True), clock=clock)
   reqs = [fe._req(0, 3, 12), fe._req(1, 3, 12), fe._req(2, 6, 5, arrival=0.13)]
   return driver.run(reqs), inst

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fake_engine import OPTS, FakeInstance, Worker, _req, ok_transfer
+from fake_engine import OPTS, FakeInstance, InstanceQueue, _req, ok_transfer
 from pdjax.request import Status
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.clock import ManualClock
@@ -22,7 +22,7 @@ def _policies(**names_and_params):
 
 def _workers(n, role="colocated", clock=None, **kw):
   clock = clock or ManualClock()
-  return [Worker(FakeInstance(f"{role}-{i}", clock, **kw), role) for i in range(n)]
+  return [InstanceQueue(FakeInstance(f"{role}-{i}", clock, **kw), role) for i in range(n)]
 
 
 class TestRouters:
@@ -115,7 +115,8 @@ class TestPaths:
   def test_length_hybrid_end_to_end_short_prompts_skip_transfer(self):
     clock = ManualClock()
     p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
-    driver = Driver("disaggregated", [Worker(p, "prefill"), Worker(d, "decode")], options=OPTS,
+    driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")],
+                    options=OPTS,
                     clock=clock, transfer_fn=ok_transfer,
                     policies=_policies(path="length_hybrid", length_threshold=8))
     short, long_ = driver.run([_req(0, 4, 3), _req(1, 12, 3)]).requests
@@ -157,7 +158,7 @@ class TestAdmission:
     """Two prefill steps of 100 tokens with a 1 s decode step between them, the queue never
     empty: per-step throughput says 100 tok/s, the drain rate 100 / 2 s after the second."""
     from pdjax.scheduler.policies.base import StepPlan
-    from pdjax.scheduler.worker import Step
+    from pdjax.scheduler.instance_queue import Step
     w = _workers(1)[0]
     a, b, c = _req(0, 100, 1), _req(1, 100, 1), _req(2, 100, 1)
     w.waiting.extend([a, b, c])
@@ -179,7 +180,7 @@ class TestColocatedPolicies:
   def test_chunked_prefill_never_exceeds_budget_and_does_not_stall_decodes(self):
     clock = ManualClock()
     inst = FakeInstance("colocated-0", clock, num_pages=64)
-    driver = Driver("colocated", [Worker(inst, "colocated", max_batch=8)], options=OPTS,
+    driver = Driver("colocated", [InstanceQueue(inst, "colocated", max_batch=8)], options=OPTS,
                     clock=clock, policies=_policies(colocated_policy="chunked_prefill",
                                                     chunk_budget=6, max_prefill_seqs=9))
     reqs = [_req(0, 5, 6), _req(1, 14, 3, arrival=0.105), _req(2, 3, 2, arrival=0.105)]
@@ -196,7 +197,7 @@ class TestColocatedPolicies:
   def test_prefill_first_runs_whole_prompts_before_decodes(self):
     clock = ManualClock()
     inst = FakeInstance("colocated-0", clock)
-    driver = Driver("colocated", [Worker(inst, "colocated")], options=OPTS, clock=clock,
+    driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock,
                     policies=_policies())
     driver.run([_req(0, 4, 3), _req(1, 6, 2, arrival=0.105)])
     assert inst.calls == [("prefill", [4]), ("decode", [4]), ("prefill", [6]),
@@ -205,8 +206,8 @@ class TestColocatedPolicies:
 
 def test_role_switching_moves_an_idle_prefill_instance_and_keeps_every_request():
   clock = ManualClock()
-  ps = [Worker(FakeInstance(f"prefill-{i}", clock), "prefill") for i in range(2)]
-  ds = [Worker(FakeInstance("decode-0", clock, num_pages=6), "decode", max_batch=1)]
+  ps = [InstanceQueue(FakeInstance(f"prefill-{i}", clock), "prefill") for i in range(2)]
+  ds = [InstanceQueue(FakeInstance("decode-0", clock, num_pages=6), "decode", max_batch=1)]
   driver = Driver("disaggregated", ps + ds, options=OPTS, clock=clock,
                   transfer_fn=ok_transfer,
                   policies=_policies(role_switch="queue_balance", interval_s=0.0))

@@ -15,7 +15,7 @@ from pdjax.kv.pages import BlockTables
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.runner.execute import execute
 from pdjax.scheduler.tally import Tally
-from pdjax.scheduler.worker import Worker
+from pdjax.scheduler.instance_queue import InstanceQueue
 from pdjax.server.prometheus import EngineState, InstanceState, ServerMetrics, engine_state
 
 MODEL = "tiny"
@@ -37,7 +37,7 @@ def run():
 
 def _driver_of(result, instances):
   """What engine_state reads of a Driver, rebuilt from a finished run."""
-  return types.SimpleNamespace(workers=[Worker(i, i.role, 1) for i in instances],
+  return types.SimpleNamespace(workers=[InstanceQueue(i, i.role, 1) for i in instances],
                                transfers=result.transfers, preemptions=result.preemptions,
                                role_switches=result.role_switches, tally=result.tally)
 
@@ -177,8 +177,8 @@ def test_engine_state_reads_the_workers_and_the_tally():
   cached, plain = BlockTables(10, 4), BlockTables(8, 4)
   cached.enable_prefix_cache()
   cached.allocate("z", 11)                                 # 3 of 10 pages
-  w = Worker(types.SimpleNamespace(name="p0", tables=cached), "prefill", 4)
-  v = Worker(types.SimpleNamespace(name="d0", tables=plain), "decode", 4)
+  w = InstanceQueue(types.SimpleNamespace(name="p0", tables=cached), "prefill", 4)
+  v = InstanceQueue(types.SimpleNamespace(name="d0", tables=plain), "decode", 4)
   tally = Tally()
   tally.prefix_lookup("p0", 3, 2)
   tally.fallback("x", [])

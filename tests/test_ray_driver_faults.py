@@ -49,7 +49,7 @@ class _Restartable(fe.FakeInstance):
 def _colocated(start_error):
   clock = ManualClock()
   insts = [_Restartable(f"colocated-{i}", clock, start_error) for i in range(2)]
-  workers = [fe.Worker(i, "colocated") for i in insts]
+  workers = [fe.InstanceQueue(i, "colocated") for i in insts]
   spec = FaultSpec(kills=(("colocated-0", 0.0),), restart_s=0.05)
   driver = Driver("colocated", workers, options=dataclasses.replace(fe.OPTS, debug=True),
                   clock=clock, injector=FaultInjector(spec))

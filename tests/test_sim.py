@@ -110,7 +110,7 @@ def test_idle_workers_are_not_replanned_every_turn():
   empty plan once the request is done): 8 + 4 plans, not 8 per loop turn."""
   from pdjax.scheduler import policies as policy_lib
   from pdjax.scheduler.driver import Driver, DriverOptions
-  from pdjax.scheduler.worker import Worker
+  from pdjax.scheduler.instance_queue import InstanceQueue
   clock = ManualClock()
   opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(512,),
                        max_prefill_seqs=4, decode_buckets=(16,))
@@ -122,7 +122,7 @@ def test_idle_workers_are_not_replanned_every_turn():
   plans = []
   real_plan = policies.step.plan
   policies.step.plan = lambda w, admit: plans.append(w.name) or real_plan(w, admit)
-  driver = Driver("colocated", [Worker(i, i.role, 16) for i in insts], clock=clock,
+  driver = Driver("colocated", [InstanceQueue(i, i.role, 16) for i in insts], clock=clock,
                   options=serving.driver_options(opts, 16), policies=policies)
   req = Request(id="r0", arrival_s=0.0, prompt_ids=[5] * 20,
                 sampling=SamplingParams(max_new_tokens=4))

@@ -13,7 +13,7 @@ from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
 from pdjax.server.prometheus import engine_state
 
-from fake_engine import OPTS, FakeInstance, Worker, _req
+from fake_engine import OPTS, FakeInstance, InstanceQueue, _req
 
 
 def test_prefix_hits_stay_counted_on_an_instance_that_died():
@@ -32,7 +32,7 @@ def test_prefix_hits_stay_counted_on_an_instance_that_died():
   r0, other, r1 = _req(0, 12, 1), _req(9, 4, 1), _req(1, 36, 2, arrival=0.2)
   other.prompt_ids = [5] * 4
   r1.prompt_ids = [7] * 12 + [8] * 24
-  driver = Driver("colocated", [Worker(inst, "colocated") for inst in insts],
+  driver = Driver("colocated", [InstanceQueue(inst, "colocated") for inst in insts],
                   options=dataclasses.replace(OPTS, max_model_len=64), clock=clock,
                   policies=policies,
                   injector=FaultInjector(FaultSpec(kills=(("colocated-0", 0.25),))))

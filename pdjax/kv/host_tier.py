@@ -13,7 +13,7 @@ hits first, ties by recency) when the tier is full; pages still being written ar
 evicted, and a write that finds the tier full of them is refused (counted).
 
 Offload (the prefix cache's on_drop), reloads (BlockTables.allocate_prefix / pending_loads),
-the routers' view (Worker.prefix_credit) and the write-through hand-off build on it.
+the routers' view (InstanceQueue.prefix_credit) and the write-through hand-off build on it.
 """
 
 from __future__ import annotations

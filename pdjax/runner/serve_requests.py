@@ -12,7 +12,7 @@ import dataclasses
 from pdjax.request import Request
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.driver import Driver, DriverOptions, RunResult
-from pdjax.scheduler.worker import Worker
+from pdjax.scheduler.instance_queue import InstanceQueue
 
 
 def driver_options(opts, max_decode_batch: int, pool_pages: int | None = None) -> DriverOptions:
@@ -47,7 +47,7 @@ def make_driver(mode: str, instances: list, policies=None, clock=None, transfer_
   opts = instances[0].opts
   overrides["overlap"] = resolve_overlap(overrides.get("overlap", "auto"), instances)
   max_batch = max(opts.decode_buckets)
-  workers = [Worker(inst, inst.role, max_batch) for inst in instances]
+  workers = [InstanceQueue(inst, inst.role, max_batch) for inst in instances]
   if transfer_fn is None:
     from pdjax.engine.transfer import transfer_kv_async as transfer_fn
   pool = min(inst.tables.allocator.num_pages for inst in instances)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from pdjax.request import Request, Status
 from pdjax.scheduler.errors import DeviceError, InstanceLost, StepNotRun
-from pdjax.scheduler.worker import Worker
+from pdjax.scheduler.instance_queue import InstanceQueue
 
 
 class Collect:
 
-  def _collect(self, w: Worker) -> None:
+  def _collect(self, w: InstanceQueue) -> None:
     step, w.inflight, w.ahead = w.inflight, w.ahead, None
     self._touch(w)
     plan = step.plan
@@ -93,19 +93,19 @@ class Collect:
     w.host_wait_from = done_s if w.inflight is None and (w.running or w.waiting) else None
     self._offload_failed(w)   # naming computed pages may evict (a capacity-bound cache)
 
-  def _not_run(self, w: Worker, plan) -> None:
+  def _not_run(self, w: InstanceQueue, plan) -> None:
     """A step the instance never launched (StepNotRun): nothing it planned happened, so its
     requests stay where they are (waiting or running, their pages kept) and are planned
     again; those it shared with the failed step before it are already terminal."""
     self.fault_counts["steps_not_run"] = self.fault_counts.get("steps_not_run", 0) + 1
     self._touch(w)
 
-  def _host_wait(self, w: Worker, step) -> float:
+  def _host_wait(self, w: InstanceQueue, step) -> float:
     """Seconds the instance sat idle with work to do before `step` was dispatched."""
     since, w.host_wait_from = w.host_wait_from, None
     return 0.0 if since is None else max(step.start_s - since, 0.0)
 
-  def _non_finite(self, w: Worker, req: Request, token: int, now: float) -> bool:
+  def _non_finite(self, w: InstanceQueue, req: Request, token: int, now: float) -> bool:
     """A negative token is the engine's mark for non-finite logits: the request fails."""
     if token >= 0:
       return False
@@ -115,7 +115,7 @@ class Collect:
                  "the model produced non-finite logits (NaN/inf); no token was sampled")
     return True
 
-  def _emit(self, w: Worker, req: Request, token: int, now: float) -> bool:
+  def _emit(self, w: InstanceQueue, req: Request, token: int, now: float) -> bool:
     """Appends a generated token; finishes the request (freeing its pages) when it is done:
     EOS, max_new_tokens, or the run's listener says so (a server's stop string)."""
     done = req.add_token(token, now)
@@ -126,7 +126,7 @@ class Collect:
     self._finish_done(w, req, now)
     return True
 
-  def _finish_done(self, w: Worker, req: Request, now: float) -> None:
+  def _finish_done(self, w: InstanceQueue, req: Request, now: float) -> None:
     """req generated its last token: it leaves w, its full pages stay cached, its pages
     return to the pool."""
     w.forget(req)

@@ -44,7 +44,7 @@ from pdjax.scheduler.spill import SpilledList
 from pdjax.scheduler.steps import Steps
 from pdjax.scheduler.tally import Tally
 from pdjax.scheduler.transfers import Transfers
-from pdjax.scheduler.worker import Worker
+from pdjax.scheduler.instance_queue import InstanceQueue
 
 POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
 BLOCK_MAX_S = 0.01   # longest blocking wait on pending objects that can block (see _block)
@@ -110,7 +110,7 @@ def default_policies(options: DriverOptions) -> policy_lib.Policies:
 
 class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invariants):
 
-  def __init__(self, mode: str, workers: list[Worker], *, options: DriverOptions, clock,
+  def __init__(self, mode: str, workers: list[InstanceQueue], *, options: DriverOptions, clock,
                transfer_fn=None, policies: policy_lib.Policies | None = None,
                injector: FaultInjector | None = None, spill_dir: str | None = None):
     """spill_dir: a folder where a long-lived run (a server) keeps its records: the steps,
@@ -127,7 +127,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     if not needed <= roles or (mode == "disaggregated" and not transfer_fn):
       raise ValueError(f"{mode} needs {' and '.join(sorted(needed))} instances"
                        + (" and a transfer function" if mode == "disaggregated" else ""))
-    self.transfer_queue: deque[tuple[Request, Worker]] = deque()
+    self.transfer_queue: deque[tuple[Request, InstanceQueue]] = deque()
     self.spill_dir = spill_dir
     self.transfers: list[dict] = self._records("transfers")
     self.steps: list[dict] = self._records("steps")
@@ -142,8 +142,8 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     self._index = {id(w): i for i, w in enumerate(workers)}
     for w in workers:
       w.latest_sample = None   # (workers may serve an earlier driver's run)
-    self._tiers: dict[str, list[Worker]] | None = None
-    self._draining: list[Worker] = []
+    self._tiers: dict[str, list[InstanceQueue]] | None = None
+    self._draining: list[InstanceQueue] = []
     self._init_recovery()
     self._inbox = self._listener = None
     self.requests: list[Request] = []   # the run's requests (Driver.run; see spill_dir)
@@ -162,12 +162,12 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     if self.spill_dir is None or req.status.terminal:
       self.requests.append(req)
 
-  def _touch(self, w: Worker) -> None:
+  def _touch(self, w: InstanceQueue) -> None:
     self._touched.add(self._index[id(w)])
 
-  def _record_state(self, w: Worker, sampled: int) -> None:
+  def _record_state(self, w: InstanceQueue, sampled: int) -> None:
     """Samples w's state after its dispatches of this turn, if it changed
-    (Worker.record_state_change). Every change of the state the statistics read (a request
+    (InstanceQueue.record_state_change). Every change of the state the statistics read (a request
     queued or transferred in, a step collected, pages freed, a role switched) touches w, and a
     touched worker comes here, so the samples follow that state over time, as the statistics'
     hold-time weights assume.
@@ -188,7 +188,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     if self._listener is not None:
       self._listener.on_finish(req)
 
-  def tier(self, role: str) -> list[Worker]:
+  def tier(self, role: str) -> list[InstanceQueue]:
     """The workers serving `role` now (not draining), in worker order; cached until a role
     switch starts or ends. Policies must not modify the list."""
     if self._tiers is None:
@@ -304,7 +304,8 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     for w in self.workers:
       self._touch(w)   # freed pages may let a waiting request in
 
-  def _wait_any(self, inflight: list[Worker], wake: float | None = None) -> list[Worker]:
+  def _wait_any(self, inflight: list[InstanceQueue],
+                wake: float | None = None) -> list[InstanceQueue]:
     """The in-flight workers whose step is done, polling until at least one is or until
     `wake` (an event or lease expiry is due)."""
     if not inflight and not self._pending_transfers and not self._restarting:
@@ -329,7 +330,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
         return []
       self._block(inflight, wake)
 
-  def _block(self, inflight: list[Worker], wake: float | None) -> None:
+  def _block(self, inflight: list[InstanceQueue], wake: float | None) -> None:
     """Waits a little for something in flight: POLL_S, or, when every pending object offers
     the same `wait_any(pendings, timeout_s)` (Ray futures: pdjax/distributed), blocks in it
     until one may be ready, at most BLOCK_MAX_S (so deadlines and wake-ups stay on time) —
@@ -344,7 +345,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     left = BLOCK_MAX_S if wake is None else min(BLOCK_MAX_S, wake - self.clock.now())
     wait(pendings, max(left, 0.0))
 
-  def _hung(self, inflight: list[Worker]) -> bool:
+  def _hung(self, inflight: list[InstanceQueue]) -> bool:
     """Kills every instance whose step has not completed within step_timeout_s: a device (or
     its runtime) that stopped answering must end the run's wait, not hang it."""
     limit, now = self.opts.step_timeout_s, self.clock.now()
@@ -382,7 +383,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
 
   # ---- failure paths -----------------------------------------------------------------------
 
-  def _fail_plan(self, w: Worker, plan: StepPlan, reason: str) -> None:
+  def _fail_plan(self, w: InstanceQueue, plan: StepPlan, reason: str) -> None:
     now = self.clock.now()
     self._touch(w)
     for r in [req for req, _, _ in plan.chunks] + plan.decodes:

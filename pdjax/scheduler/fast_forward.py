@@ -31,7 +31,7 @@ from collections import deque
 from pdjax.kv.pages import OutOfPages
 from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.policies.no_role_switch import NoRoleSwitch
-from pdjax.scheduler.worker import EWMA, SlowPending, Step, Worker
+from pdjax.scheduler.instance_queue import EWMA, SlowPending, Step, InstanceQueue
 
 
 class FastForward:
@@ -44,7 +44,7 @@ class FastForward:
             and all(getattr(w.instance, "host", None) is None
                     and not getattr(w.instance, "device_tokens", False) for w in self.workers))
 
-  def _chains(self, w: Worker) -> bool:
+  def _chains(self, w: InstanceQueue) -> bool:
     """Whether w's next step depends only on w until the horizon (see the module)."""
     step = w.inflight
     return (step.kind == "decode" and w.ahead is None and not w.waiting and not w.reserved
@@ -111,14 +111,14 @@ class FastForward:
   # ---- one chained step, collected and re-dispatched (the loop's _collect and _dispatch for
   # a worker that `_chains`: nothing queued, a decode step; kept equal to them by the tests) --
 
-  def _collect_chained(self, w: Worker) -> None:
+  def _collect_chained(self, w: InstanceQueue) -> None:
     step, w.inflight = w.inflight, None
     self._touched.add(self._index[id(w)])
     plan, pending = step.plan, step.pending
     done_s = self.clock.now()
     tokens = pending.result()
     now = self.clock.now()
-    seconds = max(now - step.start_s, 1e-9)           # Worker.measure, for a decode step
+    seconds = max(now - step.start_s, 1e-9)           # InstanceQueue.measure, for a decode step
     w.decode_step_s = seconds if w.decode_step_s is None else (
         (1 - EWMA) * w.decode_step_s + EWMA * seconds)
     since, w.host_wait_from = w.host_wait_from, None  # Collect._host_wait
@@ -146,7 +146,7 @@ class FastForward:
         self._maybe_cancel(req, "decode", len(out))
     w.host_wait_from = done_s if w.running or w.waiting else None
 
-  def _dispatch_chained(self, w: Worker) -> None:
+  def _dispatch_chained(self, w: InstanceQueue) -> None:
     t0 = self.clock.now()
     plan = self.policies.step.plan(w, admit=_no_admission)
     if plan.chunks:

@@ -17,8 +17,8 @@ pdjax's words and the field's:
                      connector's send/receive (vLLM), sglang's KVSender/KVReceiver pair, as
                      one call that returns a PendingTransfer.
   Driver             the scheduler loop (scheduler/driver.py), the same for every backend.
-  Worker             the scheduler's host-side view of one instance (queues, load signals;
-                     scheduler/worker.py), not vLLM's worker process.
+  InstanceQueue             the scheduler's host-side view of one instance (queues, load signals;
+                     scheduler/instance_queue.py), not vLLM's worker process.
   BlockTables        the block manager (kv/pages.py): the instance's pages, owned by the host.
 
 Required (the Protocols' own members):

@@ -4,7 +4,7 @@ pure Python."""
 
 from __future__ import annotations
 
-from pdjax.scheduler.worker import Worker
+from pdjax.scheduler.instance_queue import InstanceQueue
 
 
 class Invariants:
@@ -29,7 +29,7 @@ class Invariants:
       w.tables.check_invariants()
       self._check_slots(w)
 
-  def _check_slots(self, w: Worker) -> None:
+  def _check_slots(self, w: InstanceQueue) -> None:
     """Decode slots: running + reserved within the largest decode bucket, and every
     reservation held by a live request admitted here or a transfer in flight here."""
     if len(w.running) + len(w.reserved) > w.max_batch:

@@ -18,12 +18,12 @@ from pdjax.kv.pages import OutOfPages
 from pdjax.request import PendingToken, Request, Status
 from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.policies.base import StepPlan
-from pdjax.scheduler.worker import SlowPending, Step, Worker
+from pdjax.scheduler.instance_queue import SlowPending, Step, InstanceQueue
 
 
 class Steps:
 
-  def _dispatch(self, w: Worker, ahead: bool = False) -> None:
+  def _dispatch(self, w: InstanceQueue, ahead: bool = False) -> None:
     t0 = self.clock.now()   # host phases on the run's clock (virtual in the simulator)
     if self._offload_failed(w):   # (while a collection or a transfer evicted pages)
       return
@@ -86,7 +86,7 @@ class Steps:
     except DeviceError as e:  # a device failure fails the step's requests, never the run
       self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
 
-  def _offload_failed(self, w: Worker) -> bool:
+  def _offload_failed(self, w: InstanceQueue) -> bool:
     """Whether w's device failed copying an evicted prefix page to the host tier (evictions
     happen while planning, collecting or transferring, outside any step's DeviceError guard;
     the prefix cache keeps the error: PrefixCache.on_drop). Such an instance is lost like one
@@ -99,7 +99,7 @@ class Steps:
                injected=False)
     return True
 
-  def _can_dispatch_ahead(self, w: Worker) -> bool:
+  def _can_dispatch_ahead(self, w: InstanceQueue) -> bool:
     """Whether the next step may be dispatched now, before the step in flight is collected:
     only after a decode step (its requests' next positions are known; a prefill chunk's
     progress is settled at collection) on an instance whose steps take device tokens, unless
@@ -109,7 +109,7 @@ class Steps:
             and not w.inflight.plan.chunks and getattr(w.instance, "device_tokens", False)
             and self._ahead_of_failed.get(id(w)) is not w.inflight)
 
-  def _check_step_size(self, w: Worker, plan: StepPlan) -> None:
+  def _check_step_size(self, w: InstanceQueue, plan: StepPlan) -> None:
     """No instance ever plans a step larger than its largest compiled bucket: such a step
     could only fail, taking its whole batch with it (a scheduling bug, so it raises)."""
     o = self.opts
@@ -123,7 +123,7 @@ class Steps:
       raise AssertionError(f"{w.name} planned a decode step of {len(plan.decodes)} rows; its "
                            f"largest bucket is {w.max_batch}")
 
-  def _allocate_prefill(self, w: Worker, r: Request) -> bool:
+  def _allocate_prefill(self, w: InstanceQueue, r: Request) -> bool:
     """Gives a waiting request its pages; with a prefix cache, its longest cached prefix is
     reused and counts as computed (the prefill starts after it)."""
     if r.id in w.tables:
@@ -141,7 +141,7 @@ class Steps:
         self.tally.prefix_lookup(w.name, r.prompt_len, cached)
     return True
 
-  def _ensure_decode_slots(self, w: Worker, plan: StepPlan, pending: dict,
+  def _ensure_decode_slots(self, w: InstanceQueue, plan: StepPlan, pending: dict,
                            preempt: bool = True) -> bool:
     """Grows each decoding sequence's block table by the slot its next token needs (one more
     for a request whose token is `pending` in flight); when the pool is full, preempts the
@@ -165,7 +165,7 @@ class Steps:
             break
     return True
 
-  def _preempt(self, w: Worker, victim: Request, plan: StepPlan) -> None:
+  def _preempt(self, w: InstanceQueue, victim: Request, plan: StepPlan) -> None:
     w.tables.free(victim.id, self.clock.now())
     w.running.remove(victim)
     if victim in plan.decodes:

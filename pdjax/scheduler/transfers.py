@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pdjax.request import Request, Status
 from pdjax.scheduler.errors import DeviceError
-from pdjax.scheduler.worker import Worker
+from pdjax.scheduler.instance_queue import InstanceQueue
 
 
 class Transfers:
@@ -60,7 +60,7 @@ class Transfers:
         continue
       self._complete_transfer(r, src, dst, skip, why)
 
-  def _complete_transfer(self, r: Request, src: Worker, dst: Worker, skip: int,
+  def _complete_transfer(self, r: Request, src: InstanceQueue, dst: InstanceQueue, skip: int,
                          why: str | None) -> None:
     """Moves r's KV from src to dst (unless this attempt already failed); on success r joins
     dst's running batch, on failure the recovery policy takes over."""
@@ -99,7 +99,7 @@ class Transfers:
       self._finish_transfer(r, src, dst, result, why)
     self._pending_transfers = still
 
-  def _finish_transfer(self, r: Request, src: Worker, dst: Worker, result,
+  def _finish_transfer(self, r: Request, src: InstanceQueue, dst: InstanceQueue, result,
                        why: str | None) -> None:
     if result is None:
       now = self.clock.now()

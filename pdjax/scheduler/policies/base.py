@@ -1,6 +1,7 @@
 """The policy interfaces the driver calls. Pure Python: the simulator reuses them verbatim.
 
-Policies see workers through a few read-only load signals (see `pdjax.scheduler.worker.Worker`):
+Policies see workers (the driver's `InstanceQueue`s, pdjax/scheduler/instance_queue.py) through a
+few read-only load signals:
 `name`, `role`, `queued_tokens()`, `num_waiting()`, `num_running()`, `free_pages()`,
 `total_pages()`, `max_batch`, and measured rates `prefill_tok_s` / `decode_step_s` (None until
 measured).
@@ -16,7 +17,7 @@ from pdjax.request import Request
 class Router:
   """Picks one of the eligible workers of a tier for a request."""
 
-  def choose(self, req: Request, candidates: list):  # -> Worker
+  def choose(self, req: Request, candidates: list):  # -> InstanceQueue
     raise NotImplementedError
 
 

@@ -5,7 +5,7 @@ cost(worker) = queued prompt tokens on the worker + the request's tokens that ar
 there (cached tokens weighted by `prefix_weight`), ties broken by free KV pages, then running
 sequences, then rotating (seeded: policies/ties.py). Pages the node's host tier holds after the
 device prefix count as cached, weighted by what a reload saves against a recompute
-(`Worker.prefix_credit`). With no cache on the instances this is least-queued-tokens routing.
+(`InstanceQueue.prefix_credit`). With no cache on the instances this is least-queued-tokens routing.
 The request's page names are computed once per request (same salt rule as the driver: its
 tenant's, or `shared_salt`)."""
 

@@ -1,7 +1,7 @@
 """prefix_hybrid: skip disaggregation when little of the prompt is left to compute (llm-d's
 prefix-based decider). The tokens a decode instance would still have to prefill are the prompt
 minus the longest prefix some decode instance holds in its prefix cache (host-tier pages
-after it weighted as in `Worker.prefix_credit`); when that is under
+after it weighted as in `InstanceQueue.prefix_credit`); when that is under
 `length_threshold`, the request is prefilled and decoded on the decode tier (the decode router
 then picks the instance, e.g. kv_aware_prefix or session_sticky); otherwise it goes
 disaggregated. Without prefix caches this is length_hybrid."""

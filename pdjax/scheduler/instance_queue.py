@@ -66,7 +66,7 @@ class SlowPending:
     return self.inner.result()
 
 
-class Worker:
+class InstanceQueue:
 
   def __init__(self, instance, role: str, max_batch: int):
     self.instance, self.role, self.max_batch = instance, role, max_batch
