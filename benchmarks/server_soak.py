@@ -32,7 +32,7 @@ import urllib.request
 
 import numpy as np
 
-from pdjax import bench_serve
+from pdjax.client import bench as bench_serve
 from pdjax.metrics.run_info import describe_backend, describe_model
 from pdjax.request import Request, SamplingParams
 

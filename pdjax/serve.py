@@ -18,63 +18,26 @@ does, and check the end-of-run invariants (every request terminal, every page ba
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import math
 import os
-import signal
 import sys
-import time
 
-import uvicorn
 from absl import app, flags, logging
 
 from pdjax import config as config_lib
 from pdjax.cli import define_config_and_workdir, fail, parse_flags, use_cpu_devices
-from pdjax.runner.build import build_run, ray_cluster_for
+from pdjax.runner.build import ray_cluster_for
 from pdjax.runner.execute import run_info_of, summarize_run
 from pdjax.runner.outputs import default_workdir, write_outputs
-
-SWITCH_INTERVAL_S = 0.0005
-# glibc gives each thread that contends for the heap its own arena (up to 8 per core), and
-# memory freed in an arena stays with it: with the HTTP loop, the driver, the parsing threads
-# and XLA's pools, resident memory crept up ~35 MiB over the first few thousand requests
-# before it levelled off (benchmarks/server_soak.py); two arenas keep it flat.
-MALLOC_ARENA_MAX = 2
-# After the grace period: how long the cancelled requests' last events and the responses' last
-# bytes may take before uvicorn cancels what is left.
-DRAIN_TAIL_S = 5.0
+from pdjax.server.http_server import limit_malloc_arenas, run_name, serve_http
 
 CONFIG, WORKDIR = define_config_and_workdir()   # as pdjax.run's
+
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _GRACE = flags.DEFINE_float("grace_s", 30.0, "On shutdown, how long requests in flight may "
                             "still finish before they are cancelled.")
 _NAME = flags.DEFINE_string("served_model_name", "", "The model id clients name; default: "
                             "model.checkpoint, else the preset name.")
-
-
-def run_name(cfg) -> str:
-  """The run served: colocated, chunked or disaggregated (mode=compare, the shipped configs'
-  default, serves the disaggregated engine: one server runs one mode)."""
-  if cfg.mode == "colocated" and cfg.scheduler.colocated_policy == "chunked_prefill":
-    return "chunked"
-  return "disaggregated" if cfg.mode == "compare" else cfg.mode
-
-
-def limit_malloc_arenas(arenas: int = MALLOC_ARENA_MAX) -> bool:
-  """mallopt(M_ARENA_MAX, arenas) on glibc, before the server's threads exist (the
-  environment's MALLOC_ARENA_MAX, when set, wins). False where there is no glibc."""
-  if "MALLOC_ARENA_MAX" in os.environ:
-    return False
-  try:
-    libc = ctypes.CDLL("libc.so.6")
-  except OSError:   # not glibc (macOS, musl): its allocator, its rules
-    return False
-  return bool(libc.mallopt(M_ARENA_MAX, arenas))
-
-
-M_ARENA_MAX = -8   # glibc's malloc.h
 
 
 def main(argv) -> None:
@@ -124,8 +87,8 @@ def main(argv) -> None:
   run = run_name(cfg)
   os.makedirs(workdir, exist_ok=True)
   with ray_cluster_for(cfg) as ray_cluster:
-    engine = _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir,
-                    startup)
+    engine = serve_http(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir,
+                      startup, host=_HOST.value, port=_PORT.value, grace_s=_GRACE.value)
     if engine.driver is None:    # stopped, or failed, before it was ready: nothing served
       engine.close()
       if engine.error is not None:
@@ -141,130 +104,6 @@ def main(argv) -> None:
   print(f"results: {workdir}", flush=True)
   if error is not None:   # written what it could; the crash is an error exit
     sys.exit(f"the engine stopped: {type(error).__name__}: {error}")
-
-
-def _serve(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir, startup):
-  """Opens the HTTP server at once and builds the instances on the engine's thread (compiling:
-  `startup` reports, /health says "starting"), serves until a signal, then drains. Returns
-  the engine: its `result` (None when stopped before it was ready) and `error` (the driver
-  thread's crash). requests.jsonl is written into workdir as requests end."""
-  from pdjax.server import protocol
-  from pdjax.server.app import make_app
-  from pdjax.server.driver_bridge import DriverBridge
-  from pdjax.server.prometheus import ServerMetrics
-
-  # The driver thread and the HTTP event loop share the GIL: hand it over every 0.5 ms, not
-  # Python's default 5 ms, so a token reaches its stream without waiting out a busy driver.
-  sys.setswitchinterval(SWITCH_INTERVAL_S)
-
-  def build():
-    startup.begin("compiling programs")
-    return build_run(cfg, mcfg, run, params, ray_cluster, progress=startup.program)
-
-  metrics = ServerMetrics(model_name=name)
-  engine = DriverBridge.starting(build, startup, tokenizer=tokenizer, eos_ids=stop_ids,
-                                 metrics=metrics,
-                                 requests_path=os.path.join(workdir, "requests.jsonl"))
-  startup.cancelled = lambda: engine.draining   # a signal while compiling: stop there
-  engine.start()
-  web = make_app(engine, model_name=name, max_model_len=cfg.kv.max_model_len,
-                 vocab_size=mcfg.vocab_size, metrics=metrics,
-                 max_body_bytes=int(cfg.server.max_body_bytes),
-                 api_keys=(protocol.load_api_keys(cfg.server.api_keys)
-                           if cfg.server.get("api_keys") else None))
-  web = _RetryAfter(web)
-  web.server = server = _Server(
-      uvicorn.Config(web, host=_HOST.value, port=_PORT.value, log_level="warning",
-                     interface="asgi3", timeout_graceful_shutdown=DRAIN_TAIL_S),
-      engine, _GRACE.value)
-  print(f"serving {name!r} ({run}) on http://{_HOST.value}:{_PORT.value} (starting: GET "
-        "/health answers 200 once ready)", flush=True)
-  try:
-    server.run()
-  finally:
-    engine.detach()       # the loop is closed: the driver must not send to it
-  if engine.error is None:   # (a crash was logged, its requests failed: engine.result holds)
-    engine.stop(0.0)         # drained by the server already: no second grace
-  return engine
-
-
-class _Server(uvicorn.Server):
-  """uvicorn's server, draining on a signal before it stops: the engine stops admitting
-  (503) while the listening socket stays open, requests in flight finish for grace_s, the
-  rest are cancelled (answered with finish_reason "abort"); only once no request is live does
-  uvicorn's own shutdown start (closing the socket, waiting DRAIN_TAIL_S for the responses)."""
-
-  def __init__(self, config, engine, grace_s: float):
-    super().__init__(config)
-    self.engine, self.grace_s = engine, grace_s
-    self.abort_at: float | None = None       # time.monotonic(): when live requests are cancelled
-    self.aborted_at: float | None = None
-
-  def handle_exit(self, sig, frame):
-    if self.abort_at is None:
-      self.engine.draining = True
-      self.abort_at = time.monotonic() + self.grace_s
-    elif self.aborted_at is None:            # a second signal: cancel now
-      self.abort_at = time.monotonic()
-    else:                                    # a third: stop without waiting for responses
-      self.should_exit = self.force_exit = True
-
-  def retry_after_s(self) -> int:
-    """Seconds until this server is gone (a client retries elsewhere, or after a restart)."""
-    end = (self.aborted_at or self.abort_at or time.monotonic()) + DRAIN_TAIL_S
-    return max(1, math.ceil(end - time.monotonic()))
-
-  async def on_tick(self, counter: int) -> bool:
-    done = await super().on_tick(counter)
-    if self.engine.error is not None:   # the driver thread crashed: stop (and exit non-zero)
-      return True
-    if done or self.abort_at is None:
-      return done
-    now = time.monotonic()
-    if not self.engine.alive:
-      return True
-    if self.aborted_at is None and (not self.engine.live_requests() or now >= self.abort_at):
-      self.engine.abort_all()
-      self.aborted_at = now
-    return self.aborted_at is not None and (
-        not self.engine.live_requests() or now >= self.aborted_at + DRAIN_TAIL_S)
-
-  async def shutdown(self, sockets=None):
-    await super().shutdown(sockets)
-    self.engine.detach()    # still on the loop: nothing is sent to it once it closes
-
-  @contextlib.contextmanager
-  def capture_signals(self):
-    """SIGINT / SIGTERM start the shutdown (see handle_exit); unlike uvicorn's own,
-    the signal is not re-raised afterwards: the run's files are still to be written."""
-    previous = {sig: signal.signal(sig, self.handle_exit)
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-      yield
-    finally:
-      for sig, handler in previous.items():
-        signal.signal(sig, handler)
-
-
-class _RetryAfter:
-  """ASGI middleware: while the server drains, every 503 carries Retry-After."""
-
-  def __init__(self, app):
-    self.app = app
-    self.server: _Server | None = None   # set once the server is built
-
-  async def __call__(self, scope, receive, send):
-    if scope["type"] != "http" or not self.server.engine.draining:
-      return await self.app(scope, receive, send)
-
-    async def send_retry_after(message):
-      if message["type"] == "http.response.start" and message["status"] == 503:
-        headers = [*message.get("headers", ()),
-                   (b"retry-after", str(self.server.retry_after_s()).encode())]
-        message = {**message, "headers": headers}
-      await send(message)
-
-    return await self.app(scope, receive, send_retry_after)
 
 
 def entry_point() -> None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pdjax import bench_serve
+from pdjax.client import bench as bench_serve
 from pdjax import config as config_lib
 from pdjax.models.llama_config import PRESETS
 

@@ -71,10 +71,10 @@ def test_the_http_server_stops_once_the_driver_crashed():
 
   import uvicorn
 
-  from pdjax.serve import _Server
+  from pdjax.server.http_server import DrainingServer
   engine = types.SimpleNamespace(error=None, alive=True, draining=False,
                                  live_requests=lambda: 0)
-  server = _Server(uvicorn.Config(lambda *_: None), engine, grace_s=30.0)
+  server = DrainingServer(uvicorn.Config(lambda *_: None), engine, grace_s=30.0)
   assert asyncio.run(server.on_tick(0)) is False      # serving
   engine.error, engine.alive = ZeroDivisionError("a bug in the decode step"), False
   assert asyncio.run(server.on_tick(0)) is True       # stops, no signal needed

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from pdjax import bench_serve
+from pdjax.client import bench as bench_serve
 from pdjax.request import Request, SamplingParams
 
 from server_process import start_server
