@@ -59,7 +59,8 @@ _LAZY = flags.DEFINE_boolean("lazy_compile", True, "Compile each step bucket on 
                              "every bucket before serving.")
 _OVERLAP = flags.DEFINE_enum("overlap", "auto", ["auto", "on", "off"],
                              "Dispatch the next step before a decode step's tokens reach the "
-                             "host: auto = on for TPU/GPU, off on CPU (see serving.py).")
+                             "host: auto = on for TPU/GPU, off on CPU (see "
+                             "runner/serve_requests.py).")
 
 
 PREFILL_SEQS = 4             # whole prompts per prefill step (prefill_first)
