@@ -1,0 +1,238 @@
+"""Each scheduling policy against fake instances with hand-checkable costs (no model, no jax)."""
+
+import pytest
+
+from helpers.fake_engine import OPTS, FakeInstance, InstanceQueue, _req, ok_transfer
+from pdjax.request import Status
+from pdjax.scheduler import policies as policy_lib
+from pdjax.scheduler.clock import ManualClock
+from pdjax.scheduler.driver import Driver
+from pdjax.scheduler.policies.base import PathChoice
+
+DEFAULT_NAMES = dict(prefill_router="least_loaded", decode_router="least_loaded",
+                     path="always_disagg", admission="none", colocated_policy="prefill_first",
+                     role_switch="none")
+
+
+def _policies(**names_and_params):
+  names = {k: names_and_params.pop(k, v) for k, v in DEFAULT_NAMES.items()}
+  params = {"token_budget": 16, "max_prefill_seqs": 4, **names_and_params}
+  return policy_lib.build(names, params, seed=0)
+
+
+def _workers(n, role="colocated", clock=None, **kw):
+  clock = clock or ManualClock()
+  return [InstanceQueue(FakeInstance(f"{role}-{i}", clock, **kw), role) for i in range(n)]
+
+
+class TestRouters:
+
+  def test_round_robin_cycles_over_names(self):
+    ws = _workers(3)
+    router = policy_lib.ROUTERS["round_robin"]()
+    assert [router.choose(_req(i, 4, 1), ws).name for i in range(4)] == [
+        "colocated-0", "colocated-1", "colocated-2", "colocated-0"]
+
+  def test_random_is_seeded(self):
+    ws = _workers(4)
+    a = [policy_lib.ROUTERS["random"](seed=7) for _ in range(2)]
+    seq0 = [a[0].choose(_req(i, 4, 1), ws).name for i in range(10)]
+    seq1 = [a[1].choose(_req(i, 4, 1), ws).name for i in range(10)]
+    assert seq0 == seq1 and len(set(seq0)) > 1
+
+  def test_least_loaded_counts_queued_tokens(self):
+    ws = _workers(3)
+    ws[0].waiting.extend([_req(0, 10, 1)])
+    ws[1].waiting.extend([_req(1, 3, 1), _req(2, 3, 1)])   # 6 tokens, two requests
+    ws[2].waiting.extend([_req(3, 8, 1)])
+    assert policy_lib.ROUTERS["least_loaded"]().choose(_req(9, 4, 1), ws).name == "colocated-1"
+
+  def test_power_of_two_keeps_the_less_loaded_of_its_sample(self):
+    ws = _workers(2)
+    ws[0].waiting.append(_req(0, 9, 1))
+    assert policy_lib.ROUTERS["power_of_two"]().choose(_req(1, 4, 1), ws).name == "colocated-1"
+
+  def test_kv_aware_avoids_the_falsely_idle_instance(self):
+    # decode-0 has no queue but its pool is nearly full of long sessions; decode-1 is busier
+    # by queue but has KV room. least_loaded picks decode-0, kv_aware picks decode-1.
+    ws = _workers(2, role="decode", num_pages=10)
+    ws[0].tables.allocate("long-a", 4 * 4)
+    ws[0].tables.allocate("long-b", 4 * 4)
+    ws[0].running.extend([_req(10, 16, 4), _req(11, 16, 4)])
+    ws[1].waiting.append(_req(12, 5, 1))
+    new = _req(13, 4, 4)
+    assert policy_lib.ROUTERS["least_loaded"]().choose(new, ws).name == "decode-0"
+    assert policy_lib.ROUTERS["kv_aware"]().choose(new, ws).name == "decode-1"
+
+  def test_session_sticky_returns_home_while_eligible(self):
+    ws = _workers(3)
+    router = policy_lib.ROUTERS["session_sticky"]()
+    ws[0].waiting.append(_req(0, 20, 1))   # make 0 the most loaded
+    first = router.choose(_req(1, 4, 1, session="s"), ws)
+    assert first.name == "colocated-1"
+    first.waiting.append(_req(2, 50, 1))    # now the most loaded: still home for session s
+    assert router.choose(_req(3, 4, 1, session="s"), ws).name == "colocated-1"
+    assert router.choose(_req(4, 4, 1, session="t"), ws).name == "colocated-2"
+    # Home not eligible (not among candidates): falls back and re-homes the session.
+    assert router.choose(_req(5, 4, 1, session="s"), [ws[2]]).name == "colocated-2"
+    assert router.choose(_req(6, 4, 1, session="s"), ws).name == "colocated-2"
+
+  @pytest.mark.parametrize("name", ["least_loaded", "kv_aware", "kv_aware_prefix",
+                                    "power_of_two", "session_sticky"])
+  def test_ties_rotate_over_equally_loaded_instances_seeded(self, name):
+    """Equally loaded candidates take turns (they went to the first one every time), from a
+    position drawn from the seed: 12 choices over 4 idle instances, 3 each, the same sequence
+    for the same seed; power_of_two rotates only where it has nothing to sample (2 or fewer)."""
+    ws = _workers(4 if name != "power_of_two" else 2)
+    names = lambda router, n: [router.choose(_req(i, 4, 1), ws).name[-1] for i in range(n)]
+    seed0 = names(policy_lib.ROUTERS[name](seed=0), 12)
+    if name == "power_of_two":
+      assert seed0 == list("01" * 6)   # seed 0 starts at 50494 % 2
+      return
+    assert seed0 == list("2301" * 3)   # seed 0 starts at 50494 % 4 = 2, seed 1 at 17611 % 4
+    assert names(policy_lib.ROUTERS[name](seed=0), 12) == seed0
+    assert names(policy_lib.ROUTERS[name](seed=1), 12) == list("3012" * 3)
+    # A busy instance leaves the rotation; the others keep taking turns past it.
+    ws[2].waiting.append(_req(9, 8, 1))
+    ws[2].running.append(_req(10, 8, 1))   # (kv_aware ranks running before queued tokens)
+    assert names(policy_lib.ROUTERS[name](seed=0), 6) == list("301" * 2)
+
+
+class TestPaths:
+
+  def test_length_hybrid_threshold(self):
+    p = policy_lib.PATHS["length_hybrid"](length_threshold=8)
+    assert p.choose(_req(0, 7, 1), [], []) == PathChoice("colocated", "decode")
+    assert p.choose(_req(1, 8, 1), [], []) == PathChoice("disaggregated", "prefill")
+
+  def test_load_hybrid_falls_back_when_decode_tier_is_saturated(self):
+    decode = _workers(1, role="decode")
+    p = policy_lib.PATHS["load_hybrid"](saturation=0.5)
+    assert p.choose(_req(0, 4, 1), [], decode).path == "disaggregated"
+    decode[0].running.extend([_req(1, 4, 1), _req(2, 4, 1)])    # 2 of max_batch 4 = 0.5
+    assert p.choose(_req(3, 4, 1), [], decode) == PathChoice("colocated", "prefill")
+
+  def test_length_hybrid_end_to_end_short_prompts_skip_transfer(self):
+    clock = ManualClock()
+    p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
+    driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")],
+                    options=OPTS,
+                    clock=clock, transfer_fn=ok_transfer,
+                    policies=_policies(path="length_hybrid", length_threshold=8))
+    short, long_ = driver.run([_req(0, 4, 3), _req(1, 12, 3)]).requests
+    assert (short.path, short.prefill_instance, short.decode_instance) == (
+        "colocated", "decode-0", "decode-0")
+    assert (long_.path, long_.prefill_instance, long_.decode_instance) == (
+        "disaggregated", "prefill-0", "decode-0")
+    assert short.output_ids == [104, 105, 106] and long_.output_ids == [112, 113, 114]
+    assert len(driver.transfers) == 1
+
+
+class TestAdmission:
+
+  def test_queue_bound_rejects_exactly_past_the_bound(self):
+    clock = ManualClock()
+    driver = Driver("colocated", _workers(1, clock=clock), options=OPTS, clock=clock,
+                    policies=_policies(admission="queue_bound", max_queue=2))
+    reqs = driver.run([_req(i, 4, 1) for i in range(3)]).requests
+    assert [r.status for r in reqs] == [Status.FINISHED, Status.FINISHED, Status.REJECTED]
+    assert reqs[2].reason == "queue full: colocated-0 has 2 waiting (scheduler.max_queue=2)"
+
+  def test_predicted_slo_uses_measured_throughput(self):
+    w = _workers(1)[0]
+    policy = policy_lib.ADMISSIONS["predicted_slo"](slo_ttft_s=1.0, slo_tpot_s=0.05)
+    disagg = PathChoice("disaggregated", "prefill")
+    assert policy.check(_req(0, 100, 1), w, disagg, []) is None      # nothing measured yet
+    w.prefill_tok_s = 100.0
+    w.waiting.append(_req(1, 60, 1))
+    assert policy.check(_req(2, 40, 1), w, disagg, []) is None        # (60 + 40) / 100 = 1.0
+    assert policy.check(_req(3, 41, 1), w, disagg, []) == (
+        "predicted TTFT 1.01 s > slo.ttft_s 1.00 s")
+    d = _workers(1, role="decode")[0]
+    d.decode_step_s = 0.06
+    assert policy.check(_req(4, 1, 1), w, disagg, [d]) == (
+        "predicted TPOT 0.060 s > slo.tpot_s 0.050 s")
+
+
+  def test_drain_rate_counts_the_time_between_prefill_steps(self):
+    """Two prefill steps of 100 tokens with a 1 s decode step between them, the queue never
+    empty: per-step throughput says 100 tok/s, the drain rate 100 / 2 s after the second."""
+    from pdjax.scheduler.policies.base import StepPlan
+    from pdjax.scheduler.instance_queue import Step
+    w = _workers(1)[0]
+    a, b, c = _req(0, 100, 1), _req(1, 100, 1), _req(2, 100, 1)
+    w.waiting.extend([a, b, c])
+    w.measure(Step(StepPlan(chunks=[(a, 0, 100)]), None, 0.0, "prefill"), 1.0)
+    w.waiting.remove(a)
+    assert (w.prefill_tok_s, w.prefill_drain_tok_s) == (100.0, 100.0)
+    w.measure(Step(StepPlan(decodes=[a]), None, 1.0, "decode"), 2.0)
+    w.measure(Step(StepPlan(chunks=[(b, 0, 100)]), None, 2.0, "prefill"), 3.0)
+    w.waiting.remove(b)
+    assert w.prefill_tok_s == 100.0
+    assert w.prefill_drain_tok_s == pytest.approx(0.3 * 50.0 + 0.7 * 100.0)   # EWMA, new 0.3
+    w.measure(Step(StepPlan(chunks=[(c, 0, 100)]), None, 10.0, "prefill"), 11.0)
+    w.waiting.remove(c)
+    assert w._drain_from is None   # queue empty: the next backlog starts its own clock
+
+
+class TestColocatedPolicies:
+
+  def test_chunked_prefill_never_exceeds_budget_and_does_not_stall_decodes(self):
+    clock = ManualClock()
+    inst = FakeInstance("colocated-0", clock, num_pages=64)
+    driver = Driver("colocated", [InstanceQueue(inst, "colocated", max_batch=8)], options=OPTS,
+                    clock=clock, policies=_policies(colocated_policy="chunked_prefill",
+                                                    chunk_budget=6, max_prefill_seqs=9))
+    reqs = [_req(0, 5, 6), _req(1, 14, 3, arrival=0.105), _req(2, 3, 2, arrival=0.105)]
+    result = driver.run(reqs)
+    assert all(r.status == Status.FINISHED for r in reqs)
+    assert max(s["num_tokens"] for s in result.steps) <= 6
+    # r1's 14-token prompt is spread over steps that also carry r0's decode rows.
+    mixed = [s for s in result.steps if s["kind"] == "mixed"]
+    assert len(mixed) >= 2
+    assert [r.output_ids for r in reqs] == [[105, 106, 107, 108, 109, 110], [114, 115, 116],
+                                            [103, 104]]
+    assert inst.tables.num_used_pages == 0
+
+  def test_prefill_first_runs_whole_prompts_before_decodes(self):
+    clock = ManualClock()
+    inst = FakeInstance("colocated-0", clock)
+    driver = Driver("colocated", [InstanceQueue(inst, "colocated")], options=OPTS, clock=clock,
+                    policies=_policies())
+    driver.run([_req(0, 4, 3), _req(1, 6, 2, arrival=0.105)])
+    assert inst.calls == [("prefill", [4]), ("decode", [4]), ("prefill", [6]),
+                          ("decode", [5, 6]), ]
+
+
+def test_role_switching_moves_an_idle_prefill_instance_and_keeps_every_request():
+  clock = ManualClock()
+  ps = [InstanceQueue(FakeInstance(f"prefill-{i}", clock), "prefill") for i in range(2)]
+  ds = [InstanceQueue(FakeInstance("decode-0", clock, num_pages=6), "decode", max_batch=1)]
+  driver = Driver("disaggregated", ps + ds, options=OPTS, clock=clock,
+                  transfer_fn=ok_transfer,
+                  policies=_policies(role_switch="queue_balance", interval_s=0.0))
+  reqs = [_req(i, 4, 6) for i in range(4)]
+  result = driver.run(reqs)
+  assert [r.status for r in reqs] == [Status.FINISHED] * 4
+  assert all(r.output_ids == list(range(104, 110)) for r in reqs)
+  assert result.role_switches and result.role_switches[0]["to"] == "decode"
+  assert {r.decode_instance for r in reqs} >= {"decode-0", result.role_switches[0]["instance"]}
+  assert all(w.tables.num_used_pages == 0 for w in ps + ds)
+
+
+def test_unknown_policy_name_is_one_line():
+  with pytest.raises(ValueError) as e:
+    _policies(prefill_router="fastest")
+  assert str(e.value) == ("scheduler.prefill_router='fastest' is not one of ['kv_aware', "
+                          "'kv_aware_prefix', 'least_loaded', 'power_of_two', 'random', "
+                          "'round_robin', 'session_sticky']")
+
+
+def test_predicted_slo_headroom_admits_within_a_fraction_of_the_slo():
+  w = _workers(1)[0]
+  policy = policy_lib.ADMISSIONS["predicted_slo"](slo_ttft_s=1.0, slo_tpot_s=0.05, headroom=0.8)
+  w.prefill_tok_s = 100.0
+  disagg = PathChoice("disaggregated", "prefill")
+  assert policy.check(_req(0, 80, 1), w, disagg, []) is None           # 0.80 s
+  assert policy.check(_req(1, 81, 1), w, disagg, []) == (
+      "predicted TTFT 0.81 s > 0.8 x slo.ttft_s 0.80 s")
