@@ -1,5 +1,11 @@
 """Test setup: 8 virtual CPU devices (before jax is imported) and shared tiny models."""
 
+# This folder, tests/, has no __init__.py, so pytest's default ("prepend") import mode puts it
+# on sys.path when it loads this file: tests in any subfolder import the shared helpers as
+# `from helpers.<module> import ...` (the package tests/helpers/) and this file's plain
+# functions as `from conftest import ...`. Test folders have no __init__.py either, so test
+# file basenames must be unique across tests/.
+
 import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
