@@ -115,7 +115,10 @@ def _ragged_paged_attention_kernel(
     row = lax.broadcasted_iota(jnp.int32, shape, 0)
     if group & (group - 1) == 0:
       return row_lo + lax.shift_right_logical(row, group.bit_length() - 1)
-    return row_lo + row // group
+    # lax.div, not `//`: rows are >= 0, so truncation is the floor, and jnp's
+    # floor_divide adds a lax.sign whose Mosaic lowering asks the local device
+    # for its TPU generation (fails when lowering ahead of time from a CPU).
+    return row_lo + lax.div(row, jnp.int32(group))
 
   def seq_step(carry):
     s, slot = carry
@@ -168,9 +171,10 @@ def _ragged_paged_attention_kernel(
   o_ref[...] = (acc_ref[...] / jnp.where(l == 0.0, 1.0, l)).astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "interpret"))
+@functools.partial(jax.jit, static_argnames=("sm_scale", "q_block", "interpret"))
 def ragged_paged_attention_tpu(q, k_pages, v_pages, kv_lens, page_indices,
                                cu_q_lens, num_seqs, *, sm_scale: float,
+                               q_block: int | None = None,
                                interpret: bool = False):
   """Causal attention of a ragged batch of new tokens over a paged KV cache.
 
@@ -187,6 +191,9 @@ def ragged_paged_attention_tpu(q, k_pages, v_pages, kv_lens, page_indices,
       cu_q_lens[s]:cu_q_lens[s + 1], its last q_len positions.
     num_seqs: i32[1], only the first num_seqs[0] sequences are valid.
     sm_scale: scale applied to the attention scores.
+    q_block: token rows per program; None picks about 128 rows (tokens x
+      group), a multiple of 16. Mosaic needs q_block * group to be a multiple
+      of 8 (lower_check uses a bad one to prove its TPU check can fail).
     interpret: run the kernel in TPU interpret mode on CPU instead of
       compiling it with Mosaic.
 
@@ -201,8 +208,9 @@ def ragged_paged_attention_tpu(q, k_pages, v_pages, kv_lens, page_indices,
   group = num_heads // num_kv_heads
   # Token rows per program: a multiple of 16 so q_block * group rows tile for
   # both float32 (8 sublanes) and bfloat16 (16); no more than the batch needs.
-  q_block = max(16, _Q_BLOCK_ROWS // group // 16 * 16)
-  q_block = min(q_block, pl.cdiv(tokens, 16) * 16)
+  if q_block is None:
+    q_block = max(16, _Q_BLOCK_ROWS // group // 16 * 16)
+    q_block = min(q_block, pl.cdiv(tokens, 16) * 16)
   num_q_blocks = pl.cdiv(tokens, q_block)
   padded = num_q_blocks * q_block
   # About _KV_BLOCK_TOKENS keys per block, in whole 128-key lane groups.
