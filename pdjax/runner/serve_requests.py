@@ -62,7 +62,7 @@ def resolve_overlap(setting, instances: list) -> bool:
   (`overlap_by_default`: the real engine on TPU and GPU). On the CPU backend "auto" is off: with
   a step queued behind another and KV transfers landing, jax's asynchronous CPU runtime hung
   (a step that never became ready, every XLA thread idle) in 3 of 4 runs of
-  tests/test_faults_engine.py's slow-instance test; `True` still forces it there."""
+  tests/faults/test_faults_engine.py's slow-instance test; `True` still forces it there."""
   setting = OVERLAP_SETTINGS.get(setting, setting) if isinstance(setting, str) else setting
   if setting == "auto":
     return all(getattr(i, "overlap_by_default", False) for i in instances)

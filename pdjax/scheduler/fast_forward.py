@@ -12,8 +12,8 @@ need not take a turn per step: `_fast_forward` collects and re-dispatches those 
 steps in end-time order, ties in worker order — exactly the order and the clock times at which
 one turn per step would have made the same `_collect` and `_dispatch` calls — so the run's
 tokens, timestamps, step records and samples are identical, byte for byte
-(tests/test_fast_forward.py compares both on several configurations). Every per-step record
-is still made (the dispatch's sample, and the state sample after it: Driver._record_state):
+(tests/scheduler/test_fast_forward.py compares both on several configurations). Every per-step
+record is still made (the dispatch's sample, and the state sample after it: Driver._record_state):
 what is skipped is the loop's per-turn work over all workers, which dominates at 64
 instances. A step whose end ties with the horizon is left to the loop.
 

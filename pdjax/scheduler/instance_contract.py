@@ -3,9 +3,10 @@ transfer function: the interface every backend implements, stated as `typing.Pro
 
 Implementations: `engine.instance.Instance` (devices, jax), `sim.instance.SimInstance` (a cost
 model on a virtual clock), `distributed.remote.RemoteInstance` (an instance in a Ray actor) and
-the tests' `FakeInstance` (tests/fake_engine.py). tests/test_instance_contract.py checks each
-against these Protocols, signatures included, with `problems()` below. Stdlib only (no jax):
-the driver and the policies are host logic.
+the tests' `FakeInstance` (tests/helpers/fake_engine.py);
+tests/scheduler/test_instance_contract.py checks each against these Protocols, signatures
+included, with `problems()` below. Stdlib only (no jax): the driver and the policies are host
+logic.
 
 pdjax's words and the field's:
   Instance.decode()  one batched decode step: JetStream's `generate`, one step of vLLM's model
