@@ -85,7 +85,7 @@ def engine_state(driver, transfers_since: int = 0) -> EngineState:
   shorter than that is a new driver's, read whole), .preemptions and .role_switches."""
   transfers = driver.transfers
   first = transfers_since if transfers_since <= len(transfers) else 0
-  new = list(transfers.since(first)) if hasattr(transfers, "since") else transfers[first:]
+  new = list(transfers[first:])   # a SpilledList reads only the batches from `first` on
   tally = driver.tally.snapshot()
   instances = []
   for w in driver.workers:
