@@ -37,6 +37,7 @@ from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.admission import Admission
 from pdjax.scheduler.collect import Collect
 from pdjax.scheduler.fast_forward import FastForward
+from pdjax.scheduler.instance_queue import InstanceQueue
 from pdjax.scheduler.invariants import Invariants
 from pdjax.scheduler.policies.base import StepPlan
 from pdjax.scheduler.recovery import Recovery
@@ -44,7 +45,6 @@ from pdjax.scheduler.spill import SpilledList
 from pdjax.scheduler.steps import Steps
 from pdjax.scheduler.tally import Tally
 from pdjax.scheduler.transfers import Transfers
-from pdjax.scheduler.instance_queue import InstanceQueue
 
 POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
 BLOCK_MAX_S = 0.01   # longest blocking wait on pending objects that can block (see _block)

@@ -30,8 +30,8 @@ from collections import deque
 
 from pdjax.kv.pages import OutOfPages
 from pdjax.scheduler.errors import DeviceError
-from pdjax.scheduler.policies.no_role_switch import NoRoleSwitch
 from pdjax.scheduler.instance_queue import EWMA, SlowPending, Step, InstanceQueue
+from pdjax.scheduler.policies.no_role_switch import NoRoleSwitch
 
 
 class FastForward:

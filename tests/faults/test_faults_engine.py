@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from conftest import tiny_engine_options
-from pdjax.runner import serve_requests as serving
 from pdjax.engine import programs
 from pdjax.engine.cluster import build_instances
 from pdjax.engine.transfer import transfer_kv_async
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
 from pdjax.request import Request, SamplingParams, Status
+from pdjax.runner import serve_requests as serving
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.driver import Driver
 from pdjax.scheduler.instance_queue import InstanceQueue

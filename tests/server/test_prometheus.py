@@ -14,8 +14,8 @@ from pdjax import config as config_lib
 from pdjax.kv.pages import BlockTables
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.runner.execute import execute
-from pdjax.scheduler.tally import Tally
 from pdjax.scheduler.instance_queue import InstanceQueue
+from pdjax.scheduler.tally import Tally
 from pdjax.server.prometheus import EngineState, InstanceState, ServerMetrics, engine_state
 
 MODEL = "tiny"
