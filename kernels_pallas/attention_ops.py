@@ -29,6 +29,8 @@ class AttentionOps:
   impl: str = "xla"                 # "xla" | "pallas"
   mesh: Mesh | None = None          # the instance mesh, axis "tp"; None = unsharded
   interpret: bool = False           # Pallas interpret mode (CPU)
+  variant: str | None = None        # "tpu" | "gpu": force a kernel flavour (ahead-of-time
+                                    # lowering for a target this host is not); None: by platform
 
   def _sharded(self, fn, args, specs, out_spec):
     if self.mesh is None:
@@ -39,7 +41,7 @@ class AttentionOps:
   def decode(self, q, k_pages, v_pages, lengths, page_indices):
     if self.impl == "xla":
       return xla_attention.paged_attention_xla(q, k_pages, v_pages, lengths, page_indices)
-    fn = functools.partial(paged_attention, interpret=self.interpret)
+    fn = functools.partial(paged_attention, interpret=self.interpret, variant=self.variant)
     heads, pages = P(None, "tp", None), P("tp", None, None, None)
     return self._sharded(fn, (q, k_pages, v_pages, lengths, page_indices),
                          (heads, pages, pages, P(), P()), heads)
@@ -48,6 +50,7 @@ class AttentionOps:
     args = (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     if self.impl == "xla":
       return xla_attention.ragged_paged_attention_xla(*args)
-    fn = functools.partial(ragged_paged_attention, interpret=self.interpret)
+    fn = functools.partial(ragged_paged_attention, interpret=self.interpret,
+                           variant=self.variant)
     heads, pages = P(None, "tp", None), P("tp", None, None, None)
     return self._sharded(fn, args, (heads, pages, pages, P(), P(), P(), P()), heads)

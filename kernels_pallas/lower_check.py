@@ -167,16 +167,23 @@ def main(argv=None) -> int:
                       help="the test suite's subset: SmolLM2 and Llama-3-8B heads, bf16, "
                       "page 16, default blocks")
   args = parser.parse_args(argv)
+  return 1 if run(grid(args.targets, args.kernels, args.fast)) else 0
+
+
+def run(cases: list[Case], label: str = "") -> int:
+  """Lowers the cases, printing a line each and a summary (led by `label`); returns how many
+  failed."""
   failed = lowered = 0
   start = time.perf_counter()
-  for case in grid(args.targets, args.kernels, args.fast):
+  for case in cases:
     result = lower(case)
     print(result.line(), flush=True)
     lowered += result.ok
     failed += not result.ok
-  print(f"{lowered} lowered, {failed} failed ({lowered + failed} cases, jax {jax.__version__}, "
+  print(f"{label}{lowered} lowered, {failed} failed ({lowered + failed} cases, "
+        f"jax {jax.__version__}, "
         f"{time.perf_counter() - start:.0f}s)")
-  return 1 if failed else 0
+  return failed
 
 
 if __name__ == "__main__":

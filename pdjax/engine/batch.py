@@ -132,6 +132,14 @@ def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
               temperatures=temperatures, top_ps=top_ps, seeds=seeds)
 
 
+def padding_batch(kind: str, geom: PageGeometry, n: int, max_prefill_seqs: int) -> dict:
+  """An all-padding batch of bucket n ("prefill": n tokens, max_prefill_seqs sequences;
+  "decode": n sequences): it writes no page. Its `layout` is the bucket's."""
+  if kind == "prefill":
+    return prefill_batch(geom, [], num_tokens=n, max_seqs=max_prefill_seqs)
+  return decode_batch(geom, [], batch_size=n)
+
+
 def layout(batch: dict) -> tuple[tuple[str, tuple[int, ...], str], ...]:
   """The static description `pack` flattens by: (name, shape, dtype) per field, in order."""
   return tuple((k, v.shape, v.dtype.name) for k, v in batch.items())

@@ -15,7 +15,6 @@ A runtime failure (jax.errors.JaxRuntimeError) of a dispatch or of a result is r
 
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -89,7 +88,7 @@ class Instance:
     self.kv = jax.jit(lambda: (jnp.zeros(pool, self.dtype), jnp.zeros(pool, self.dtype)),
                       out_shardings=self._kv_sh)()
     self.kv_pool_shape = pool
-    self.token_rows = max(max(opts.decode_buckets), opts.max_prefill_seqs)
+    self.token_rows = opts.token_rows
     # scheduler.overlap "auto" turns overlap on here (see serving.resolve_overlap for CPU)
     self.overlap_by_default = spec.devices[0].platform != "cpu"
     self._no_prev = jax.device_put(np.zeros(self.token_rows, np.int32), self._rep)
@@ -114,17 +113,16 @@ class Instance:
       self.compiles_from_cache += 1
     return compiled
 
-  def _step_program(self, fn, mode, example_batch):
+  def _step_program(self, kind: str, example_batch):
     """A step program for the bucket of `example_batch`: (params, kv, packed batch, previous
     tokens) -> (tokens [token_rows], kv), KV donated."""
-    model = Llama(self.cfg, mode=mode, dtype=self.dtype,
+    model = Llama(self.cfg, mode=kind, dtype=self.dtype,
                   attention=attn_lib.resolve_impl(self.opts.attention_impl, self.mesh))
-    step = functools.partial(fn, model=model, seed=self.opts.seed,
-                             layout=batch_lib.layout(example_batch), token_rows=self.token_rows)
+    step = programs.bind_step(kind, model, seed=self.opts.seed,
+                              layout=batch_lib.layout(example_batch), token_rows=self.token_rows)
+    in_sh, out_sh = mesh_lib.step_shardings(self.mesh, self._param_sh)
     return self._compile(step, (self.params, self.kv, batch_lib.pack(example_batch),
-                                self._no_prev),
-                         (self._param_sh, self._kv_sh, self._rep, self._rep),
-                         (self._rep, self._kv_sh), donate=(1,))
+                                self._no_prev), in_sh, out_sh, donate=(1,))
 
   def warm_up(self, *, prefill: bool, decode: bool, transfer_to_tp: tuple[int, ...] = (),
               receive: bool = False, on_program=None) -> None:
@@ -159,18 +157,14 @@ class Instance:
     return steps + len(opts.transfer_buckets) * (len(transfer_to_tp) + receive)
 
   def _padding_batch(self, kind: str, n: int) -> dict:
-    if kind == "prefill":
-      return batch_lib.prefill_batch(self.geom, [], num_tokens=n,
-                                     max_seqs=self.opts.max_prefill_seqs)
-    return batch_lib.decode_batch(self.geom, [], batch_size=n)
+    return batch_lib.padding_batch(kind, self.geom, n, self.opts.max_prefill_seqs)
 
   def _program(self, kind: str, n: int):
     """The compiled step program of bucket n; compiled here on first use (warm-up, or a lazy
     bucket's first step)."""
     table = self._prefill if kind == "prefill" else self._decode
     if n not in table:
-      fn = programs.prefill if kind == "prefill" else programs.decode
-      table[n] = self._step_program(fn, kind, self._padding_batch(kind, n))
+      table[n] = self._step_program(kind, self._padding_batch(kind, n))
     return table[n]
 
   def _run_once(self, compiled, padding_batch) -> None:

@@ -67,3 +67,12 @@ def param_shardings(mesh: Mesh, params):
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+def step_shardings(mesh: Mesh, param_sh) -> tuple[tuple, tuple]:
+  """(in, out) shardings of a step program (params, kv, packed batch, previous tokens) ->
+  (tokens, kv): params by `param_shardings`, KV pools by kv heads, the rest replicated. `mesh`
+  may be an AbstractMesh (ahead-of-time export without the devices)."""
+  kv = (NamedSharding(mesh, kv_pool_spec()),) * 2
+  rep = replicated(mesh)
+  return (param_sh, kv, rep, rep), (rep, kv)

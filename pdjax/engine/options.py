@@ -25,6 +25,12 @@ class EngineOptions:
     return -(-self.max_model_len // self.page_size)
 
   @property
+  def token_rows(self) -> int:
+    """Tokens every step program returns (the largest batch either step takes), so any step's
+    output can feed any next step's input."""
+    return max(max(self.decode_buckets), self.max_prefill_seqs)
+
+  @property
   def transfer_buckets(self) -> tuple[int, ...]:
     """Powers of two up to pages_per_seq: the piece sizes a transfer is cut into (37 pages
     move as 32 + 4 + 1), so it moves exactly the pages it needs from programs compiled ahead."""

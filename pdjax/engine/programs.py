@@ -70,6 +70,17 @@ def decode(params, kv, flat, prev_tokens, *, model: Llama, seed: int, layout, to
   return _padded(sample(logits, batch["temperatures"], keys, batch["top_ps"]), token_rows), kv
 
 
+STEPS = {"prefill": prefill, "decode": decode}
+
+
+def bind_step(kind: str, model: Llama, *, seed: int, layout, token_rows: int):
+  """The step program an instance compiles for one bucket: (params, kv, packed batch, previous
+  tokens) -> (tokens int32 [token_rows], kv). kind: "prefill" | "decode"; layout: the bucket's
+  `batch.layout`."""
+  return functools.partial(STEPS[kind], model=model, seed=seed, layout=layout,
+                           token_rows=token_rows)
+
+
 def gather_pages(kv, page_ids):
   """kv: (k, v) pools [L, KVH, P, ps, D]; page_ids int32 [n] -> [2, L, KVH, n, ps, D]."""
   return jnp.stack([kv[0][:, :, page_ids], kv[1][:, :, page_ids]])

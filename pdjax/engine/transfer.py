@@ -26,8 +26,9 @@ import time
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
+from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
 from pdjax.engine.runtime import device_errors
 from pdjax.kv.transfer_result import TransferResult
@@ -35,47 +36,80 @@ from pdjax.kv.transfer_result import TransferResult
 PAGES_SPEC = P(None, None, "tp")    # [2 (k|v), layers, kv_heads, n, page_size, head_dim]
 
 
+def _check_tps(src_tp: int, dst_tp: int) -> None:
+  if src_tp % dst_tp and dst_tp % src_tp:
+    raise ValueError(f"cannot move KV from TP{src_tp} to TP{dst_tp}: neither divides the other")
+
+
+def piece_shardings(src_mesh, dst_tp: int) -> list[NamedSharding]:
+  """Output shardings of the source-side reshard (one per piece a source shard splits into).
+  src_mesh: the source instance's Mesh, or an AbstractMesh of its size (export without
+  devices): r = src_tp / dst_tp source devices grouped per destination slice (an all-gather
+  there), or each source shard split into s = dst_tp / src_tp outputs."""
+  src_tp = src_mesh.size
+  _check_tps(src_tp, dst_tp)
+
+  def mesh(shape, names):
+    if isinstance(src_mesh, AbstractMesh):
+      return AbstractMesh(shape, names)
+    return Mesh(np.array(src_mesh.devices).reshape(shape), names)
+
+  if src_tp >= dst_tp:
+    grouped = mesh((dst_tp, src_tp // dst_tp), ("dst", "rep"))
+    return [NamedSharding(grouped, P(None, None, "dst"))]
+  return [NamedSharding(mesh((src_tp,), ("tp",)), PAGES_SPEC)] * (dst_tp // src_tp)
+
+
 def _piece_plan(src_devices, dst_tp: int):
   """Output shardings of the source-side reshard, and for each destination device j the
   (output index, source device) holding its kv-head slice."""
   src_tp = len(src_devices)
-  if src_tp % dst_tp and dst_tp % src_tp:
-    raise ValueError(f"cannot move KV from TP{src_tp} to TP{dst_tp}: neither divides the other")
-  if src_tp >= dst_tp:    # group r source devices per destination slice (an all-gather there)
+  _check_tps(src_tp, dst_tp)
+  shardings = piece_shardings(Mesh(np.array(src_devices), ("tp",)), dst_tp)
+  if src_tp >= dst_tp:
     r = src_tp // dst_tp
-    mesh = Mesh(np.array(src_devices).reshape(dst_tp, r), ("dst", "rep"))
-    return [NamedSharding(mesh, P(None, None, "dst"))], [(0, src_devices[j * r])
-                                                         for j in range(dst_tp)]
-  s = dst_tp // src_tp    # split each source shard into s outputs, one slice per output
-  mesh = Mesh(np.array(src_devices), ("tp",))
-  plan = [(j % s, src_devices[j // s]) for j in range(dst_tp)]
-  return [NamedSharding(mesh, PAGES_SPEC)] * s, plan
+    return shardings, [(0, src_devices[j * r]) for j in range(dst_tp)]
+  s = dst_tp // src_tp
+  return shardings, [(j % s, src_devices[j // s]) for j in range(dst_tp)]
 
 
-def compile_gather(src, n: int, dst_tp: int):
-  """Source program for n pages: gather, then reshard into destination-shaped pieces."""
-  out_shardings, plan = _piece_plan(list(src.mesh.devices.flat), dst_tp)
-  s = len(out_shardings)
+def gather_function(src_tp: int, dst_tp: int):
+  """The source program's body: (kv pools, page ids [n]) -> pieces, each [2, L, KVH, n, ps, D]
+  laid out for `piece_shardings` (one piece, or a source shard's kv heads cut in
+  dst_tp / src_tp)."""
+  s = max(dst_tp // src_tp, 1)
 
   def gather(kv, page_ids):
     pages = programs.gather_pages(kv, page_ids)           # [2, L, KVH, n, ps, D]
     if s == 1:
       return (pages,)
     two, layers, kvh = pages.shape[:3]
-    split = pages.reshape(two, layers, src.tp, s, kvh // dst_tp, *pages.shape[3:])
+    split = pages.reshape(two, layers, src_tp, s, kvh // dst_tp, *pages.shape[3:])
     return tuple(split[:, :, :, k].reshape(two, layers, -1, *pages.shape[3:]) for k in range(s))
+  return gather
 
+
+def compile_gather(src, n: int, dst_tp: int):
+  """Source program for n pages: gather, then reshard into destination-shaped pieces."""
+  out_shardings, plan = _piece_plan(list(src.mesh.devices.flat), dst_tp)
   ids = np.zeros(n, np.int32)
-  compiled = src._compile(gather, (src.kv, ids), (src._kv_sh, src._rep), tuple(out_shardings))
+  compiled = src._compile(gather_function(src.tp, dst_tp), (src.kv, ids),
+                          (src._kv_sh, src._rep), tuple(out_shardings))
   return compiled, plan
+
+
+def scatter_shardings(mesh) -> tuple[tuple, tuple]:
+  """(in, out) shardings of the destination program (kv pools, pages, page ids) -> kv pools."""
+  kv = (NamedSharding(mesh, mesh_lib.kv_pool_spec()),) * 2
+  return (kv, NamedSharding(mesh, PAGES_SPEC), mesh_lib.replicated(mesh)), kv
 
 
 def compile_scatter(dst, n: int):
   layers, kvh, _, ps, d = dst.kv_pool_shape
   pages = jax.ShapeDtypeStruct((2, layers, kvh, n, ps, d), dst.dtype)
+  in_sh, out_sh = scatter_shardings(dst.mesh)
   return dst._compile(programs.scatter_pages, (dst.kv, pages, np.zeros(n, np.int32)),
-                      (dst._kv_sh, NamedSharding(dst.mesh, PAGES_SPEC), dst._rep), dst._kv_sh,
-                      donate=(0,))
+                      in_sh, out_sh, donate=(0,))
 
 
 def transfer_pieces(buckets: tuple[int, ...], k: int) -> list[int]:

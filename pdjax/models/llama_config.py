@@ -83,6 +83,13 @@ PRESETS = {
                               num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128,
                               rope_theta=500000.0, max_position_embeddings=8192,
                               bos_token_id=128000, eos_token_ids=(128001, 128009)),
+    # SmolLM2-135M-Instruct's shapes (configs/smollm2.py serves the real weights; this preset
+    # is for the simulator and ahead-of-time lowering): GQA 3, head_dim 64, tied embeddings.
+    "smollm2_135m": LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+                                rope_theta=100000.0, rms_norm_eps=1e-5,
+                                tie_word_embeddings=True, max_position_embeddings=8192,
+                                bos_token_id=1, eos_token_ids=(2,)),
 }
 
 

@@ -13,6 +13,8 @@ def test_param_count_matches_published_sizes():
   assert param_count(PRESETS["llama3_8b"]) == 8_030_261_248     # Meta's model card: 8.03B
   assert param_count(PRESETS["llama2_7b"]) == 6_738_415_616     # HF Llama-2-7b-hf
   assert param_count(PRESETS["tiny"]) == 426_624
+  # transformers' num_parameters() of the converted SmolLM2-135M-Instruct folder (tied head)
+  assert param_count(PRESETS["smollm2_135m"]) == 134_515_008
 
 
 def _run(tmp_path, *extra):
