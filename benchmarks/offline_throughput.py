@@ -3,6 +3,12 @@
   python benchmarks/offline_throughput.py [--models=tiny,smollm2] [--prompts=32,128]
       [--prompt_len=48] [--max_new_tokens=64] [--max_batch=64] [--workdir=/tmp/pdjax_offline]
       [--smollm2=DIR] [--out=FILE.json] [--pdjax_src=DIR] [--reps=1]
+      [--mode=colocated|disaggregated] [--pdjax_flags="--param_layout=stacked"]
+      [--hf=continuous|generate]
+
+Small-batch rows (issue 28): --models=smollm2 --prompts=1,4 --prompt_len=64 --hf=generate:
+transformers' plain `generate` on the prompts as one batch (equal lengths, no padding) beside
+pdjax.generate serving the same prompts (--mode colocated or disaggregated).
 
 --pdjax_src times the pdjax package in DIR (default: this checkout), e.g. a committed baseline:
   mkdir -p /tmp/pdjax_head && git archive HEAD | tar -x -C /tmp/pdjax_head
@@ -75,12 +81,23 @@ def hf_child(args) -> None:
                                 max_requests_per_batch=args.max_batch)
   gen = lambda n: GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None,
                                    pad_token_id=0)
-  model.generate_batch(inputs=inputs[:2], generation_config=gen(2), continuous_batching_config=cb)
-  t0 = time.perf_counter()
-  out = model.generate_batch(inputs=inputs, generation_config=gen(args.max_new_tokens),
-                             continuous_batching_config=cb)
-  steady_s = time.perf_counter() - t0
-  outputs = [list(map(int, r.generated_tokens)) for r in out.values()]
+  if args.hf == "generate":   # one padded-free batch (equal prompt lengths), plain generate
+    ids = torch.tensor(inputs)
+    with torch.no_grad():
+      model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen(2))
+      t0 = time.perf_counter()
+      out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           generation_config=gen(args.max_new_tokens))
+      steady_s = time.perf_counter() - t0
+    outputs = [list(map(int, row[ids.shape[1]:])) for row in out]
+  else:
+    model.generate_batch(inputs=inputs[:2], generation_config=gen(2),
+                         continuous_batching_config=cb)
+    t0 = time.perf_counter()
+    out = model.generate_batch(inputs=inputs, generation_config=gen(args.max_new_tokens),
+                               continuous_batching_config=cb)
+    steady_s = time.perf_counter() - t0
+    outputs = [list(map(int, r.generated_tokens)) for r in out.values()]
   with open(args.output, "w") as f:
     json.dump({"load_s": load_s, "steady_s": steady_s, "outputs": outputs,
                "attn_implementation": model.config._attn_implementation}, f)
@@ -103,7 +120,8 @@ def run_pdjax(ckpt: str, prompts: str, work: str, n: int, args) -> dict:
   wall, stdout = run([sys.executable, "-m", "pdjax.generate", f"--checkpoint={ckpt}",
                       f"--prompts={prompts}", f"--max_new_tokens={args.max_new_tokens}",
                       "--ignore_eos", f"--output={out}", f"--max_batch={args.max_batch}",
-                      "--compile_cache_dir="], args.timeout, os.path.abspath(args.pdjax_src))
+                      "--compile_cache_dir=", f"--mode={args.mode}", *args.pdjax_flags.split()],
+                     args.timeout, os.path.abspath(args.pdjax_src))
   m = re.search(r"generated (\d+) tokens for (\d+) prompts in ([\d.]+) s: ([\d.]+) tok/s",
                 stdout)
   if not m:
@@ -121,7 +139,8 @@ def run_hf(ckpt: str, prompts: str, work: str, n: int, args) -> dict:
   wall, _ = run([sys.executable, os.path.abspath(__file__), "--hf_child", f"--checkpoint={ckpt}",
                  f"--prompts_file={prompts}", f"--output={out}",
                  f"--max_new_tokens={args.max_new_tokens}", f"--max_batch={args.max_batch}",
-                 f"--hf_max_batch_tokens={args.hf_max_batch_tokens}"], args.timeout)
+                 f"--hf_max_batch_tokens={args.hf_max_batch_tokens}", f"--hf={args.hf}"],
+                args.timeout)
   with open(out) as f:
     res = json.load(f)
   if len(res["outputs"]) != n:
@@ -214,7 +233,8 @@ def bench(name: str, ckpt: str, n: int, rate: float, args) -> dict:
   return {"model": name, "checkpoint": ckpt, "prompts": n, "tokens": tokens,
           "pdjax": pd, "transformers": hf, "match": match,
           "flops_per_generated_token": flops / tokens, "roofline_tok_s": ceiling,
-          "loadavg_before": loads, "pdjax_src": os.path.abspath(args.pdjax_src)}
+          "loadavg_before": loads, "pdjax_src": os.path.abspath(args.pdjax_src),
+          "mode": args.mode, "pdjax_flags": args.pdjax_flags, "hf": args.hf}
 
 
 def table(r: dict) -> str:
@@ -227,7 +247,8 @@ def table(r: dict) -> str:
           ("pdjax / transformers (whole)", pw / hw), ("pdjax / transformers (steady)", ps / hs),
           ("roofline ceiling tok/s", ceil), ("pdjax steady / roofline", ps / ceil),
           ("transformers steady / roofline", hs / ceil)]
-  lines = [f"### {r['model']}, {r['prompts']} prompts x {tok // r['prompts']} new tokens",
+  lines = [f"### {r['model']}, {r['prompts']} prompts x {tok // r['prompts']} new tokens "
+           f"(pdjax {r['mode']} {r['pdjax_flags']}; transformers {r['hf']})",
            f"(pdjax from {r['pdjax_src']}; best of {len(r['pdjax']['tries'])} tries per side; "
            f"1-min load average before each try {r['loadavg_before']})",
            "", "| metric | value |", "|---|---|"]
@@ -255,6 +276,12 @@ def main() -> None:
   p.add_argument("--out", default="")
   p.add_argument("--pdjax_src", default=REPO, help="folder holding the pdjax package to time, "
                  "e.g. a `git archive HEAD` copy")
+  p.add_argument("--mode", default="colocated", help="pdjax.generate --mode")
+  p.add_argument("--pdjax_flags", default="", help="more pdjax.generate flags, e.g. "
+                 "--param_layout=stacked")
+  p.add_argument("--hf", default="continuous", choices=["continuous", "generate"],
+                 help="transformers side: generate_batch (continuous batching) or one plain "
+                 "generate call on all prompts as a batch (the small-batch rows)")
   p.add_argument("--hf_child", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--checkpoint", help=argparse.SUPPRESS)
   p.add_argument("--prompts_file", help=argparse.SUPPRESS)

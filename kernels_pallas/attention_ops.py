@@ -38,18 +38,28 @@ class AttentionOps:
     return jax.shard_map(fn, mesh=self.mesh, in_specs=specs, out_specs=out_spec,
                          check_vma=False)(*args)
 
-  def decode(self, q, k_pages, v_pages, lengths, page_indices):
+  def decode(self, q, k_pages, v_pages, lengths, page_indices, layer=None):
+    """k_pages, v_pages: one layer's [KVH, P, ps, D], or the whole pools [L, ...] and the
+    `layer` to read (the XLA path reads it in place; the Pallas kernels take that layer)."""
     if self.impl == "xla":
-      return xla_attention.paged_attention_xla(q, k_pages, v_pages, lengths, page_indices)
+      return xla_attention.paged_attention_xla(q, k_pages, v_pages, lengths, page_indices,
+                                               layer=layer)
+    if layer is not None:
+      k_pages, v_pages = k_pages[layer], v_pages[layer]
     fn = functools.partial(paged_attention, interpret=self.interpret, variant=self.variant)
     heads, pages = P(None, "tp", None), P("tp", None, None, None)
     return self._sharded(fn, (q, k_pages, v_pages, lengths, page_indices),
                          (heads, pages, pages, P(), P()), heads)
 
-  def ragged(self, q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
-    args = (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
+  def ragged(self, q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+             layer=None):
+    """As `decode`: one layer's pages, or the whole pools and the `layer` to read."""
     if self.impl == "xla":
-      return xla_attention.ragged_paged_attention_xla(*args)
+      return xla_attention.ragged_paged_attention_xla(
+          q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, layer=layer)
+    if layer is not None:
+      k_pages, v_pages = k_pages[layer], v_pages[layer]
+    args = (q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
     fn = functools.partial(ragged_paged_attention, interpret=self.interpret,
                            variant=self.variant)
     heads, pages = P(None, "tp", None), P("tp", None, None, None)

@@ -64,7 +64,18 @@ def _pow2_floor(n: int) -> int:
   return 1 << (max(int(n), 1).bit_length() - 1)
 
 
-def _attend_blocks(qt, q_pos, kv_len, tables, k_pages, v_pages, max_kv, pages_per_block, scale):
+def _layer_pages(pages, layer, idx):
+  """pages[:, idx] of one layer -> [KVH, *idx.shape, ps, D]. `pages` is one layer's
+  [KVH, P, ps, D] when layer is None, else a whole pool [L, KVH, P, ps, D]: then one gather
+  takes the layer and the pages together, inside the block loop. (A slice of the layer first
+  is loop-invariant, so XLA hoists it out of the loop and copies the whole layer.)"""
+  if layer is None:
+    return pages[:, idx]
+  return jnp.moveaxis(pages[layer, :, idx], idx.ndim, 0)
+
+
+def _attend_blocks(qt, q_pos, kv_len, tables, k_pages, v_pages, max_kv, pages_per_block, scale,
+                   layer=None):
   """Online-softmax attention of query tiles over their own sequences' pages, block by block.
 
   Args:
@@ -75,19 +86,21 @@ def _attend_blocks(qt, q_pos, kv_len, tables, k_pages, v_pages, max_kv, pages_pe
       it are zeroed before the matmul: stale pages may hold NaN, and 0 * NaN = NaN.
     tables: int32 [W, cols], the tile's sequence's block table, cols a multiple of the block.
     max_kv: int32 scalar, the longest kv_len: the loop runs ceil(max_kv / block) times.
+    layer: None (k_pages, v_pages are one layer's [KVH, P, ps, D]) or an int32 scalar
+      (they are whole pools [L, KVH, P, ps, D]; see _layer_pages).
   Returns:
     float32 [KVH, W, R, D], normalised; rows with no valid key are zeros.
   """
   kvh, w, r, d = qt.shape
-  page_size = k_pages.shape[2]
+  page_size = k_pages.shape[-2]
   block = pages_per_block * page_size
   num_blocks = jnp.minimum(-(-max_kv // block), tables.shape[1] // pages_per_block)
 
   def body(i, carry):
     m, l, acc = carry                                      # [KVH, W, R] x2, [KVH, W, R, D]
     idx = lax.dynamic_slice_in_dim(tables, i * pages_per_block, pages_per_block, axis=1)
-    k = k_pages[:, idx].reshape(kvh, w, block, d).astype(jnp.float32)   # [KVH, W, blk, D]
-    v = v_pages[:, idx].reshape(kvh, w, block, d).astype(jnp.float32)
+    k = _layer_pages(k_pages, layer, idx).reshape(kvh, w, block, d).astype(jnp.float32)
+    v = _layer_pages(v_pages, layer, idx).reshape(kvh, w, block, d).astype(jnp.float32)
     pos = i * block + jnp.arange(block)                                 # [blk]
     v = jnp.where((pos[None, :] < kv_len[:, None])[None, :, :, None], v, 0.0)
     mask = pos[None, None, :] <= q_pos[:, :, None]                      # [W, R, blk]
@@ -122,19 +135,21 @@ def _padded_tables(page_indices, pages_per_block):
   return jnp.pad(page_indices, ((0, 0), (0, pad))) if pad else page_indices
 
 
-def paged_attention_xla(q, k_pages, v_pages, lengths, page_indices, *, sm_scale=None):
+def paged_attention_xla(q, k_pages, v_pages, lengths, page_indices, *, sm_scale=None,
+                        layer=None):
   """Decode attention: one query token per sequence over its cached tokens.
 
   Args:
     q: [B, H, D], the query of the newest token of each sequence.
-    k_pages, v_pages: [KVH, P, page_size, D].
+    k_pages, v_pages: [KVH, P, page_size, D], or whole pools [L, KVH, P, page_size, D] with
+      `layer` (an int32 scalar) naming the layer to read (no copy of that layer is made).
     lengths: int32 [B], tokens in the cache for each sequence (the newest included), >= 1.
     page_indices: int32 [B, pages_per_seq], each sequence's block table (padded).
   Returns:
     [B, H, D] in q's dtype.
   """
   b, h, d = q.shape
-  kvh, _, page_size, _ = k_pages.shape
+  kvh, _, page_size, _ = k_pages.shape[-4:]
   g = h // kvh
   scale = d ** -0.5 if sm_scale is None else sm_scale
   pages_per_block = _block_pages(_DECODE_BLOCK_TOKENS, page_size, page_indices.shape[1])
@@ -142,7 +157,7 @@ def paged_attention_xla(q, k_pages, v_pages, lengths, page_indices, *, sm_scale=
   qt = q.reshape(b, kvh, g, d).transpose(1, 0, 2, 3).astype(jnp.float32)   # [KVH, B, G, D]
   q_pos = jnp.broadcast_to((lengths - 1)[:, None], (b, g))
   out = _attend_blocks(qt, q_pos, lengths, tables, k_pages, v_pages, jnp.max(lengths),
-                       pages_per_block, scale)                             # [KVH, B, G, D]
+                       pages_per_block, scale, layer)                      # [KVH, B, G, D]
   return out.transpose(1, 0, 2, 3).reshape(b, h, d).astype(q.dtype)
 
 
@@ -163,7 +178,7 @@ def _ragged_tiles(t, max_seqs, cu_q_lens, num_seqs, q_tile):
 
 
 def ragged_paged_attention_xla(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens,
-                               num_seqs, *, sm_scale=None):
+                               num_seqs, *, sm_scale=None, layer=None):
   """Causal attention for a packed batch of query tokens (prefill, chunked prefill, mixed).
 
   Sequence s owns query rows cu_q_lens[s]:cu_q_lens[s+1]; they are the last q_len positions of
@@ -174,14 +189,15 @@ def ragged_paged_attention_xla(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
 
   Args:
     q: [T, H, D], packed new query tokens (padded to a bucket).
-    k_pages, v_pages: [KVH, P, page_size, D] (the new tokens are already written).
+    k_pages, v_pages: [KVH, P, page_size, D] (the new tokens are already written), or whole
+      pools [L, ...] with `layer` (as paged_attention_xla).
     kv_lens: int32 [S], page_indices: int32 [S, pages_per_seq], cu_q_lens: int32 [S + 1],
     num_seqs: int32 [1]; only the first num_seqs sequences are valid.
   Returns:
     [T, H, D] in q's dtype; padding rows are zeros.
   """
   t, h, d = q.shape
-  kvh, _, page_size, _ = k_pages.shape
+  kvh, _, page_size, _ = k_pages.shape[-4:]
   g = h // kvh
   max_seqs = page_indices.shape[0]
   scale = d ** -0.5 if sm_scale is None else sm_scale
@@ -209,7 +225,7 @@ def ragged_paged_attention_xla(q, k_pages, v_pages, kv_lens, page_indices, cu_q_
   seq_ok = jnp.arange(max_seqs) < num_seqs[0]
   max_kv = jnp.max(jnp.where(seq_ok, kv_lens, 0))
   out = _attend_blocks(qt, q_pos, tile_kv, tables, k_pages, v_pages, max_kv, pages_per_block,
-                       scale)                                              # [KVH, W, tq*G, D]
+                       scale, layer)                                       # [KVH, W, tq*G, D]
   out = out.reshape(kvh, num_tiles * q_tile, g, d)
 
   # Back to packed rows: token -> (its sequence's tile, row in the tile).

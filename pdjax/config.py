@@ -236,6 +236,9 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
            "is not float32 or bfloat16")
   _require(cfg.model.attention_impl in ("auto", "pallas", "xla"), "model.attention_impl",
            cfg.model.attention_impl, "is not one of ['auto', 'pallas', 'xla']")
+  layout = cfg.model.get("param_layout", "auto")
+  _require(layout in ("auto", "stacked", "unrolled"), "model.param_layout", layout,
+           "is not one of ['auto', 'stacked', 'unrolled']")
   mcfg = model_config(cfg)
   check_tokenizer(cfg, mcfg)
 
@@ -247,6 +250,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
                     ("intermediate_size", mcfg.intermediate_size)):
       _require(n % tier.tp == 0, f"cluster.{role}.tp", tier.tp,
                f"does not divide the model's {what}={n}")
+    _require(layout != "unrolled" or tier.tp == 1, f"cluster.{role}.tp", tier.tp,
+             "must be 1 with model.param_layout='unrolled'")
   _check_launcher(cfg)
   p, d = cfg.cluster.prefill.tp, cfg.cluster.decode.tp
   _require(p % d == 0 or d % p == 0, "cluster.decode.tp", d,

@@ -53,6 +53,9 @@ _CACHE = flags.DEFINE_string("compile_cache_dir", "~/.cache/pdjax/xla",
                              "JAX persistent compilation cache; empty = off.")
 _ATTENTION = flags.DEFINE_enum("attention_impl", "auto", ["auto", "pallas", "xla"],
                                "Paged attention: auto = Pallas on TPU/GPU, XLA on CPU.")
+_LAYOUT = flags.DEFINE_enum("param_layout", "auto", ["auto", "stacked", "unrolled"],
+                            "Parameter layout (model.param_layout): auto = unrolled for a CPU "
+                            "TP1 instance (faster steps, slower compiles), else stacked.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _LAZY = flags.DEFINE_boolean("lazy_compile", True, "Compile each step bucket on its first use "
                              "(only the buckets the batches need); --nolazy_compile compiles "
@@ -138,7 +141,7 @@ def main(argv) -> None:
         prefill_buckets=_powers_of_two_up_to(_CHUNK.value if chunked else packed, 16),
         max_prefill_seqs=batch + 1 if chunked else PREFILL_SEQS,
         decode_buckets=_powers_of_two_up_to(batch, 1), dtype=_DTYPE.value, seed=_SEED.value,
-        attention_impl=_ATTENTION.value, lazy_compile=_LAZY.value)
+        attention_impl=_ATTENTION.value, param_layout=_LAYOUT.value, lazy_compile=_LAZY.value)
     tiers = ([("prefill", 1, _PREFILL_TP.value), ("decode", 1, _DECODE_TP.value)]
              if _MODE.value == "disaggregated" else [("colocated", 1, _TP.value)])
     try:   # a checkpoint missing a tensor (KeyError) or holding a stray one (ValueError)

@@ -36,6 +36,8 @@ def get_config(arg=None):
   c.model.tokenizer = ""                   # folder with tokenizer.json; "" = model.checkpoint
   c.model.dtype = "float32"                # float32 | bfloat16
   c.model.attention_impl = "auto"          # auto (Pallas on TPU/GPU, XLA on CPU) | pallas | xla
+  c.model.param_layout = "auto"            # auto (unrolled on a CPU TP1 instance, else
+                                           # stacked) | stacked | unrolled: docs/guide.md
 
   c.cluster = ml_collections.ConfigDict()
   c.cluster.prefill = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))

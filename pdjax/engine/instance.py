@@ -28,6 +28,7 @@ from pdjax.engine import programs
 from pdjax.engine.options import EngineOptions  # noqa: F401  (re-exported)
 from pdjax.engine.runtime import compile_lowered, device_errors
 from pdjax.kv.pages import BlockTables
+from pdjax.models import param_layout as param_layout_lib
 from pdjax.models.llama import Llama
 from pdjax.models.llama_config import LlamaConfig
 
@@ -55,15 +56,25 @@ class PendingTokens:
       return np.asarray(self._tokens)[:self._n].tolist()
 
 
-def place_params(mesh, params):
+def place_params(mesh, params, num_layers: int = 0, layout: str = "stacked", splits: int = 1):
   """(shardings, params on the mesh's devices). `params` is a host pytree (device_put: each
   device copies its shards out of it) or a restorer, a callable with an `abstract` tree of
   shapes and dtypes (models.orbax_checkpoint.OrbaxParams) that, given the shardings, reads
-  each device's shards straight onto it: no host copy of the whole model per instance."""
+  each device's shards straight onto it: no host copy of the whole model per instance.
+  layout "unrolled" (a one-device mesh; see param_layout.py) converts the stacked tree once,
+  on the host before placing a host tree, on the device after restoring a checkpoint."""
+  if layout == "stacked":
+    if callable(params):
+      shardings = mesh_lib.param_shardings(mesh, params.abstract)
+      return shardings, params(shardings)
+    shardings = mesh_lib.param_shardings(mesh, params)
+    return shardings, jax.device_put(params, shardings)
+  if mesh.size != 1:
+    raise ValueError(f"the {layout} parameter layout needs a one-device mesh, not {mesh.size}")
   if callable(params):
-    shardings = mesh_lib.param_shardings(mesh, params.abstract)
-    return shardings, params(shardings)
-  shardings = mesh_lib.param_shardings(mesh, params)
+    params = params(mesh_lib.param_shardings(mesh, params.abstract))
+  params = param_layout_lib.to_layout(params, num_layers, layout, splits)
+  shardings = jax.tree_util.tree_map(lambda _: mesh_lib.replicated(mesh), params)
   return shardings, jax.device_put(params, shardings)
 
 
@@ -77,10 +88,13 @@ class Instance:
     self.name, self.role, self.cfg, self.opts = spec.name, spec.role, cfg, opts
     self.mesh = mesh_lib.instance_mesh(spec.devices)
     self.tp = len(spec.devices)
+    self.param_layout, self.matmul_splits = mesh_lib.param_layout(spec.devices,
+                                                                  opts.param_layout)
     self.geom = batch_lib.PageGeometry(opts.num_pages, opts.page_size, opts.pages_per_seq)
     self.tables = BlockTables(opts.num_pages, opts.page_size)
     self.dtype = jnp.dtype(opts.dtype)
-    self._param_sh, self.params = place_params(self.mesh, params)
+    self._param_sh, self.params = place_params(self.mesh, params, cfg.num_layers,
+                                               self.param_layout, self.matmul_splits)
     self.kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_pool_spec())
     self._kv_sh = (self.kv_sharding, self.kv_sharding)
     self._rep = mesh_lib.replicated(self.mesh)
@@ -117,7 +131,8 @@ class Instance:
     """A step program for the bucket of `example_batch`: (params, kv, packed batch, previous
     tokens) -> (tokens [token_rows], kv), KV donated."""
     model = Llama(self.cfg, mode=kind, dtype=self.dtype,
-                  attention=attn_lib.resolve_impl(self.opts.attention_impl, self.mesh))
+                  attention=attn_lib.resolve_impl(self.opts.attention_impl, self.mesh),
+                  layout=self.param_layout, matmul_splits=self.matmul_splits)
     step = programs.bind_step(kind, model, seed=self.opts.seed,
                               layout=batch_lib.layout(example_batch), token_rows=self.token_rows)
     in_sh, out_sh = mesh_lib.step_shardings(self.mesh, self._param_sh)

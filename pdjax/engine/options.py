@@ -17,6 +17,7 @@ class EngineOptions:
   dtype: str = "float32"
   seed: int = 0
   attention_impl: str = "auto"         # "auto" | "pallas" | "xla" (model.attention_impl)
+  param_layout: str = "auto"           # "auto" | "stacked" | "unrolled" (model.param_layout)
   lazy_compile: bool = False           # compile a step bucket on its first use instead of in
                                        # warm-up (offline runs: unused buckets cost nothing)
 
@@ -60,4 +61,5 @@ def engine_options(cfg, chunked: bool = False) -> EngineOptions:
                        max_prefill_seqs=max_seqs,
                        decode_buckets=tuple(cfg.scheduler.decode_buckets),
                        dtype=cfg.model.dtype, seed=cfg.seed,
-                       attention_impl=cfg.model.attention_impl)
+                       attention_impl=cfg.model.attention_impl,
+                       param_layout=cfg.model.get("param_layout", "auto"))

@@ -27,6 +27,8 @@ import numpy as np
 from kernels_pallas import xla_attention
 from kernels_pallas.attention_ops import AttentionOps
 from pdjax.models.llama_config import LlamaConfig
+from pdjax.models.param_layout import LAYOUTS
+from pdjax.models.split_dense import SplitDense, SplitEmbed
 
 MODES = ("prefill", "decode", "dense")
 
@@ -84,8 +86,16 @@ def write_layer_kv(k_pool, v_pool, layer, k, v, slot_mapping):
 
   k_pool, v_pool: [L, KVH, P, page_size, D]; layer: int32 scalar; k, v: [T, KVH, D];
   slot_mapping: int32 [T] flat slots `page * page_size + offset`, out of range for padding
-  (dropped)."""
+  (dropped).
+
+  A one-token write (a decode step of batch 1) is padded to two, the second dropped: XLA turns
+  a one-index scatter into a dynamic-update-slice, and on CPU that, inside the layer loop,
+  copied both whole pools every layer (a SmolLM2 batch-1 step took 4.6 s instead of ~60 ms)."""
   num_layers, kvh, num_pages, page_size, d = k_pool.shape
+  if slot_mapping.shape[0] == 1:
+    slot_mapping = jnp.concatenate([slot_mapping,
+                                    jnp.full((1,), num_pages * page_size, jnp.int32)])
+    k, v = (jnp.concatenate([x, x]) for x in (k, v))
 
   def scatter(pool, new):
     flat = pool.reshape(num_layers, kvh, num_pages * page_size, d)
@@ -100,6 +110,7 @@ class DecoderLayer(nn.Module):
   mode: str
   dtype: jnp.dtype = jnp.float32
   attention: AttentionOps = AttentionOps()
+  matmul_splits: int = 1
 
   @nn.compact
   def __call__(self, carry, layer, meta):
@@ -107,8 +118,13 @@ class DecoderLayer(nn.Module):
     layer's index into the pools."""
     x, kv = carry
     cfg, dt = self.cfg, self.dtype
-    dense = lambda feats, name, axis=-1: nn.DenseGeneral(
-        feats, axis=axis, use_bias=False, dtype=dt, param_dtype=dt, name=name)
+    splits = self.matmul_splits
+
+    def dense(feats, name, axis=-1):
+      if splits > 1:
+        return SplitDense(feats, axis=axis, dtype=dt, splits=splits, name=name)
+      return nn.DenseGeneral(feats, axis=axis, use_bias=False, dtype=dt, param_dtype=dt,
+                             name=name)
 
     def biased(y, name, on):   # a separate param, so the TP layout of the kernel is untouched
       if not on:
@@ -127,12 +143,14 @@ class DecoderLayer(nn.Module):
       out = xla_attention.dense_causal_attention(q, k, v)
     else:
       kv = write_layer_kv(*kv, layer, k, v, meta["slot_mapping"])
-      k_pages, v_pages = kv[0][layer], kv[1][layer]
+      # The whole pools and this layer's index: the XLA attention reads the layer in place
+      # (sliced out here, XLA on CPU copied both pools' layer every layer of every step).
       if self.mode == "decode":
-        out = self.attention.decode(q, k_pages, v_pages, meta["lengths"], meta["page_indices"])
+        out = self.attention.decode(q, kv[0], kv[1], meta["lengths"], meta["page_indices"],
+                                    layer=layer)
       else:
-        out = self.attention.ragged(q, k_pages, v_pages, meta["kv_lens"], meta["page_indices"],
-                                    meta["cu_q_lens"], meta["num_seqs"])
+        out = self.attention.ragged(q, kv[0], kv[1], meta["kv_lens"], meta["page_indices"],
+                                    meta["cu_q_lens"], meta["num_seqs"], layer=layer)
     x = x + biased(dense(cfg.hidden_size, "o_proj", axis=(-2, -1))(out), "o_bias",
                    cfg.o_proj_bias)
 
@@ -150,6 +168,9 @@ class Llama(nn.Module):
   mode: str = "prefill"
   dtype: jnp.dtype = jnp.float32
   attention: AttentionOps = AttentionOps()   # which paged attention runs
+  layout: str = "stacked"   # how the params are held (param_layout.py): "stacked" layers run
+                            # by nn.scan, or "unrolled" (one tree per layer; CPU TP1)
+  matmul_splits: int = 1    # column blocks per matmul, "unrolled" only (split_dense.py)
 
   @nn.compact
   def __call__(self, tokens, kv, meta, logits_indices):
@@ -163,17 +184,32 @@ class Llama(nn.Module):
         raise ValueError(f"sliding_window={cfg.sliding_window} is smaller than the {span} "
                          f"positions this program attends (sliding-window attention is not "
                          f"implemented)")
-    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype,
-                     param_dtype=self.dtype, name="embed_tokens")
+    if self.layout not in LAYOUTS:
+      raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+    unrolled = self.layout == "unrolled"
+    splits = self.matmul_splits if unrolled else 1
+    if splits > 1 and cfg.tie_word_embeddings:
+      embed = SplitEmbed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, splits=splits,
+                         name="embed_tokens")
+    else:
+      embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype,
+                       param_dtype=self.dtype, name="embed_tokens")
     x = embed(tokens)
-    layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                     in_axes=(0, nn.broadcast), length=cfg.num_layers)
-    (x, kv), _ = layers(cfg, self.mode, self.dtype, self.attention, name="layers")(
-        (x, kv), jnp.arange(cfg.num_layers), meta)
+    if unrolled:   # one layer body per layer, each reading its own parameter arrays
+      for layer in range(cfg.num_layers):
+        (x, kv), _ = DecoderLayer(cfg, self.mode, self.dtype, self.attention, splits,
+                                  name=f"layers_{layer}")((x, kv), jnp.int32(layer), meta)
+    else:
+      layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+                       in_axes=(0, nn.broadcast), length=cfg.num_layers)
+      (x, kv), _ = layers(cfg, self.mode, self.dtype, self.attention, name="layers")(
+          (x, kv), jnp.arange(cfg.num_layers), meta)
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
     x = x[logits_indices]
     if cfg.tie_word_embeddings:
       logits = embed.attend(x)
+    elif splits > 1:
+      logits = SplitDense(cfg.vocab_size, dtype=self.dtype, splits=splits, name="lm_head")(x)
     else:
       logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype,
                         param_dtype=self.dtype, name="lm_head")(x)

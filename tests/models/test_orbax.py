@@ -22,6 +22,7 @@ from pdjax.engine.cluster import as_host, build_instances, host_params
 from pdjax.engine.instance import Instance
 from pdjax.models import orbax_checkpoint
 from pdjax.models.llama_config import config_from_hf
+from pdjax.models.param_layout import to_layout
 from pdjax.request import Request, SamplingParams, Status
 
 TOKENIZER_FILES = {"tokenizer.json": b'{"version": "1.0"}', "tokenizer_config.json": b"{}",
@@ -89,7 +90,7 @@ def test_restore_equals_hf_load_bit_for_bit(checkpoints, stored, dtype, tp):
     assert [s.data.shape for s in y.addressable_shards] == [s.data.shape
                                                              for s in x.addressable_shards]
     assert _bits(y) == _bits(x), name
-  host = as_host(restored)
+  host = to_layout(as_host(restored), cfg.num_layers, a.param_layout, a.matmul_splits)
   assert jax.tree_util.tree_map(_bits, host) == jax.tree_util.tree_map(_bits, a.params)
 
 

@@ -1,0 +1,174 @@
+"""Where a decode step's time goes, per phase, on a real model: the engine's step program vs the
+same program with one phase taken out, and the phases alone, at several batch sizes.
+
+  python benchmarks/decode_profile.py [--batches=1,4,64] [--context=128] [--reps=20]
+      [--checkpoint=DIR] [--tp=1] [--out=FILE.json]
+
+Model: SmolLM2-135M-Instruct (pdjax.text.gguf.smollm2_folder(), or --checkpoint), float32, the
+XLA attention (the CPU default), one instance of --tp devices. Each batch row is a sequence of
+--context tokens already in the cache (its pages allocated in order); the step appends one.
+
+Rows, each the median of --reps runs after warm-up, timed from dispatch until the tokens are on
+the host (what the driver waits for):
+  step         the engine's compiled decode program (Instance.decode: metadata built and packed
+               on the host, dispatched, tokens read back);
+  host         building and packing the batch alone (no device work);
+  -attention   the step with the paged attention replaced by zeros (the difference is attention);
+  -kv write    the step without writing the new token's K/V into the pools;
+  lm head      x [B, hidden] @ embedding^T alone; sampling: greedy sample() over [B, vocab] alone;
+  matmuls      the 30 layers' projections and MLP alone, as one scanned layer body over the
+               stacked weights (the layout TPU and GPU use; the engine's CPU layout is in the
+               step).
+Shares are of `step`; the ablated rows overlap (XLA fuses across phases), so they need not sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def median_s(fn, reps: int) -> float:
+  fn()
+  fn()
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batches", default="1,4,64")
+  parser.add_argument("--context", type=int, default=128)
+  parser.add_argument("--reps", type=int, default=20)
+  parser.add_argument("--checkpoint", default=None)
+  parser.add_argument("--tp", type=int, default=1)
+  parser.add_argument("--out", default=None)
+  args = parser.parse_args()
+  batches = [int(b) for b in args.batches.split(",")]
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from kernels_pallas.attention_ops import AttentionOps
+  from pdjax.engine import batch as batch_lib
+  from pdjax.engine import mesh as mesh_lib
+  from pdjax.engine import programs
+  from pdjax.engine.cluster import host_params
+  from pdjax.engine.instance import Instance
+  from pdjax.engine.options import EngineOptions
+  from pdjax.engine.sampling import sample
+  from pdjax.models import llama as llama_lib
+  from pdjax.models.llama_config import config_from_hf
+
+  checkpoint = args.checkpoint
+  if checkpoint is None:
+    from pdjax.text.gguf import smollm2_folder
+    checkpoint = smollm2_folder()
+  cfg = config_from_hf(checkpoint)
+  params = host_params(cfg, checkpoint=checkpoint, seed=0, dtype="float32")
+  page_size = 16
+  max_len = -(-(args.context + 16) // page_size) * page_size
+  pages_per_seq = max_len // page_size
+  opts = EngineOptions(page_size=page_size, num_pages=max(batches) * pages_per_seq,
+                       max_model_len=max_len, prefill_buckets=(16,), max_prefill_seqs=1,
+                       decode_buckets=tuple(batches), dtype="float32", attention_impl="xla",
+                       lazy_compile=True)
+  spec = mesh_lib.split_devices(jax.devices(), [("colocated", 1, args.tp)])[0]
+  inst = Instance(spec, cfg, params, opts)
+
+  def seqs(b):
+    return [(1, args.context, list(range(i * pages_per_seq, (i + 1) * pages_per_seq)), 0.0, 0)
+            for i in range(b)]
+
+  layout = dict(layout=inst.param_layout, matmul_splits=inst.matmul_splits)
+
+  class NoAttention(AttentionOps):
+    def decode(self, q, *a, **kw):
+      return jnp.zeros_like(q)
+
+  def variant_program(b, model=None, write=True):
+    """The decode step compiled with a modified model (the instance's shardings)."""
+    model = model or llama_lib.Llama(cfg, mode="decode", dtype=jnp.float32, **layout)
+    example = inst._padding_batch("decode", b)
+    step = programs.bind_step("decode", model, seed=0, layout=batch_lib.layout(example),
+                              token_rows=inst.token_rows)
+    in_sh, out_sh = mesh_lib.step_shardings(inst.mesh, inst._param_sh)
+    return inst._compile(step, (inst.params, inst.kv, batch_lib.pack(example), inst._no_prev),
+                         in_sh, out_sh, donate=(1,))
+
+  def run_variant(compiled, b):
+    flat = batch_lib.pack(batch_lib.decode_batch(inst.geom, seqs(b), batch_size=b))
+
+    def fn():
+      tokens, inst.kv = compiled(inst.params, inst.kv, flat, inst._no_prev)
+      np.asarray(tokens)
+    return fn
+
+  rows = {}
+  for b in batches:
+    r = {}
+    r["step"] = median_s(lambda: inst.decode(seqs(b)).result(), args.reps)
+    r["host"] = median_s(lambda: batch_lib.pack(batch_lib.decode_batch(
+        inst.geom, seqs(b), batch_size=b)), args.reps)
+    no_attn = llama_lib.Llama(cfg, mode="decode", dtype=jnp.float32,
+                              attention=NoAttention(impl="xla", mesh=inst.mesh), **layout)
+    r["-attention"] = median_s(run_variant(variant_program(b, no_attn), b), args.reps)
+    original = llama_lib.write_layer_kv
+    llama_lib.write_layer_kv = lambda k_pool, v_pool, layer, k, v, slots: (k_pool, v_pool)
+    try:
+      r["-kv write"] = median_s(run_variant(variant_program(b), b), args.reps)
+    finally:
+      llama_lib.write_layer_kv = original
+    embed = jnp.asarray(params["params"]["embed_tokens"]["embedding"])
+    x = jnp.ones((b, cfg.hidden_size), jnp.float32)
+    head = jax.jit(lambda x, e: x @ e.T)
+    r["lm head"] = median_s(lambda: head(x, embed).block_until_ready(), args.reps)
+    logits = head(x, embed)
+    greedy = jax.jit(lambda l: sample(l, jnp.zeros(b), jax.random.split(jax.random.key(0), b),
+                                      jnp.ones(b)))
+    r["sampling"] = median_s(lambda: greedy(logits).block_until_ready(), args.reps)
+    layers = jax.tree_util.tree_map(jnp.asarray, params["params"]["layers"])
+    r["matmuls"] = median_s(_matmuls(layers, x, cfg), args.reps)
+    rows[b] = r
+    print(f"batch {b}: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({v / r['step']:.0%})"
+                                      for k, v in r.items()), flush=True)
+  machine = f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} " \
+            f"{jax.default_backend()}"
+  print(f"SmolLM2-135M float32, XLA attention, tp={args.tp}, context {args.context}, "
+        f"median of {args.reps}; {machine}")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump({"machine": machine, "context": args.context, "rows": rows}, f, indent=1)
+
+
+def _matmuls(layers, x, cfg):
+  import jax
+  import jax.numpy as jnp
+
+  @jax.jit
+  def f(layers, x):
+    def body(x, p):
+      q = jnp.einsum("bh,hnd->bnd", x, p["q_proj"]["kernel"])
+      k = jnp.einsum("bh,hnd->bnd", x, p["k_proj"]["kernel"])
+      v = jnp.einsum("bh,hnd->bnd", x, p["v_proj"]["kernel"])
+      o = jnp.einsum("bnd,ndh->bh", q, p["o_proj"]["kernel"]) + 0 * (k.sum() + v.sum())
+      g = x @ p["gate_proj"]["kernel"]
+      u = x @ p["up_proj"]["kernel"]
+      return x + o + (jax.nn.silu(g) * u) @ p["down_proj"]["kernel"], None
+    return jax.lax.scan(body, x, layers)[0]
+  return lambda: f(layers, x).block_until_ready()
+
+
+if __name__ == "__main__":
+  main()
