@@ -13,10 +13,11 @@ the calls in (`_in_order`). Waiting (a step's readback, a pull in flight) happen
 or between polls, so the next step is dispatched while the previous one runs (overlap).
 
 Transfers: `offer` gathers a request's pages into destination-shaped single-device pieces
-(`engine.transfer.gather_shards`, resharded for the puller's TP) and puts them on the transfer
-server under a uuid; `pull` fetches them by that uuid from the source's server, waits (polling,
-with a deadline) until every piece has arrived, then scatters them into this pool
-(`land_shards`). A piece that never arrives raises DeviceError at the deadline and nothing is
+with one program (`engine.transfer.gather_shards`, resharded for the puller's TP) and puts them
+on the transfer server under a uuid; `pull` fetches them all by that uuid from the source's
+server in one pull, waits (polling, with a deadline) until every piece has arrived, then
+scatters them into this pool with one program (`land_shards`). The driver sends both calls at
+once (neither waits for the other: the pull waits on the transfer server for the offer). A piece that never arrives raises DeviceError at the deadline and nothing is
 written; a piece that arrives broken (its source died) raises DeviceError before the scatter,
 so the pool is never poisoned. The driver's deadline runs from the offer's dispatch, the
 pull's from when the actor starts it: a pull may still be waiting after the driver gave up on
@@ -37,7 +38,6 @@ import os
 import time
 
 import jax
-import numpy as np
 from jax.experimental import transfer as jax_transfer
 from jax.sharding import SingleDeviceSharding
 
@@ -161,18 +161,16 @@ class InstanceActor:
 
   # ---- KV transfer -------------------------------------------------------------------------
 
-  async def offer(self, uuid: int, pieces: list[list[int]], dst_tp: int,
-                  ttl_s: float) -> int:
-    """Gathers the pages (one list per bucket-sized piece) into pieces shaped for a TP-dst_tp
-    puller and offers them under uuid; returns their bytes. The pool's pages may be freed
-    once the pull is acknowledged: the pieces are copies. An offer the driver has not
-    `settle`d within ttl_s (its pull never ran: the destination died, or dropped it as
-    late) expires: this actor pulls it from its own server and drops it, freeing the pieces
-    (jax's own await_pull timeout is not used: in jax 0.10.2 an expired entry made later,
-    valid pulls on the same server hang)."""
+  async def offer(self, uuid: int, pages: list[int], dst_tp: int, ttl_s: float) -> int:
+    """Gathers the pages with one program into pieces shaped for a TP-dst_tp puller
+    (`engine.transfer.gather_shards`) and offers them under uuid; returns their bytes. The
+    pool's pages may be freed once the pull is acknowledged: the pieces are copies. An offer
+    the driver has not `settle`d within ttl_s (its pull never ran: the destination died, or
+    dropped it as late) expires: this actor pulls it from its own server and drops it,
+    freeing the pieces (jax's own await_pull timeout is not used: in jax 0.10.2 an expired
+    entry made later, valid pulls on the same server hang)."""
     with device_errors():
-      shards = transfer.gather_shards(self.inst, [np.asarray(p, np.int32) for p in pieces],
-                                      dst_tp)
+      shards = transfer.gather_shards(self.inst, pages, dst_tp)
       self.server.await_pull(uuid, shards)
     self._offers[uuid] = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=s.sharding)
                           for s in shards]
@@ -202,11 +200,12 @@ class InstanceActor:
     """{"held": offers neither settled nor expired, "expired": offers expired so far}."""
     return {"held": len(self._offers), "expired": self.offers_expired}
 
-  async def pull(self, uuid: int, address: str, pieces: list[list[int]], timeout_s: float,
+  async def pull(self, uuid: int, address: str, pages: list[int], timeout_s: float,
                  epoch: int = 0, revoked: tuple[int, ...] = ()) -> dict:
-    """Pulls offer `uuid` from the transfer server at `address` into this pool's pages (one
-    list per piece, the offer's sizes) and returns {"bytes", "seconds"} once every piece is
-    here and its scatter is dispatched (later steps on this pool see the pages). Raises
+    """Pulls offer `uuid` from the transfer server at `address` into this pool's pages (as
+    many as the offer's) with one pull of all its pieces and returns {"bytes", "seconds"} once
+    every piece is here and the one scatter program is dispatched (later steps on this pool
+    see the pages). Raises
     DeviceError when the pieces are not all here within timeout_s, or arrive broken.
     epoch: this destination allocation's number (RemoteInstance). The driver gives up on a
     pull on its own clock and then reuses its pages; every later step or pull it sends here
@@ -215,7 +214,7 @@ class InstanceActor:
     start = time.perf_counter()
     self._revoked.update(revoked)
     try:
-      return await self._pull(uuid, address, pieces, timeout_s, epoch, start)
+      return await self._pull(uuid, address, pages, timeout_s, epoch, start)
     finally:
       self._revoked.discard(epoch)
 
@@ -224,14 +223,14 @@ class InstanceActor:
       raise error(f"KV pull from {address} dropped: the driver gave up on it (epoch "
                   f"{epoch}) and its pages may belong to another request")
 
-  async def _pull(self, uuid: int, address: str, pieces: list[list[int]], timeout_s: float,
+  async def _pull(self, uuid: int, address: str, pages: list[int], timeout_s: float,
                   epoch: int, start: float) -> dict:
     self._check_epoch(epoch, address, PullNotStarted)   # the offer is left to expire
     inst = self.inst
     devices = list(inst.mesh.devices.flat)
-    avals = [jax.ShapeDtypeStruct(transfer.shard_shape(inst, len(p)), inst.dtype,
-                                  sharding=SingleDeviceSharding(d))
-             for p in pieces for d in devices]
+    avals = [jax.ShapeDtypeStruct(shape, inst.dtype, sharding=SingleDeviceSharding(d))
+             for shape, d in zip(transfer.shard_shapes(inst, len(pages)),
+                                 devices * len(pages))]
     with device_errors():
       if address not in self._connections:
         self._connections[address] = self.server.connect(address)
@@ -245,5 +244,5 @@ class InstanceActor:
       for a in arrays:
         a.block_until_ready()   # a piece whose source died raises here, before the scatter
       self._check_epoch(epoch, address)   # no await from here to the scatter's dispatch
-      transfer.land_shards(inst, arrays, [np.asarray(p, np.int32) for p in pieces])
+      transfer.land_shards(inst, arrays, pages)
     return {"bytes": sum(int(a.nbytes) for a in arrays), "seconds": time.perf_counter() - start}

@@ -18,7 +18,6 @@ import random
 import time
 
 from pdjax.distributed.remote import RemoteInstance, is_ready, ray_result, wait_any
-from pdjax.engine.transfer import transfer_pieces
 from pdjax.kv.transfer_result import TransferResult
 from pdjax.scheduler.errors import DeviceError, InstanceLost, PullNotStarted
 
@@ -102,7 +101,8 @@ class RemoteTransfer:
 
 class RayTransfer:
   """The transfer function of a Ray run (serving.serve's transfer_fn): moves exactly the pages
-  asked for, in bucket-sized pieces, from src's actor to dst's; every pull has a deadline of
+  asked for from src's actor to dst's, one offer call and one pull call per transfer sent at
+  once (no call per piece: each side runs one program); every pull has a deadline of
   timeout_s (cluster.pull_timeout_s, shortened to transfer_timeout_s, kv.transfer_timeout_s,
   when that is set). An offer expires on its source when no pull of it can be wanted any more:
   the deadline plus the driver's grace after it is made (`offer_ttl_s`; 35 s with the
@@ -121,29 +121,30 @@ class RayTransfer:
     if len(src_pages) != len(dst_pages):
       raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} "
                        f"destination")
-    return self.dispatch(src, split_pieces(src, src_pages), dst, split_pieces(src, dst_pages))
+    return self.dispatch(src, src_pages, dst, dst_pages)
 
-  def dispatch(self, src, src_pieces, dst, dst_pieces) -> RemoteTransfer:
-    return self.pull(src, dst, dst_pieces, self.offer(src, src_pieces, dst))
+  def dispatch(self, src, src_pages, dst, dst_pages) -> RemoteTransfer:
+    """The offer and the pull, sent at once (pages: a list of page ids, or lists of them)."""
+    return self.pull(src, dst, dst_pages, self.offer(src, src_pages, dst))
 
-  def offer(self, src, src_pieces, dst) -> tuple[int, object, float]:
+  def offer(self, src, src_pages, dst) -> tuple[int, object, float]:
     """The source half: (uuid, the offer call's ref, when it started)."""
     start, uuid = time.perf_counter(), next(self._uuids)
-    return uuid, src.actor.offer.remote(uuid, src_pieces, dst.tp, self.offer_ttl_s), start
+    return uuid, src.actor.offer.remote(uuid, flat(src_pages), dst.tp, self.offer_ttl_s), start
 
-  def pull(self, src, dst, dst_pieces, offered: tuple[int, object, float]) -> RemoteTransfer:
+  def pull(self, src, dst, dst_pages, offered: tuple[int, object, float]) -> RemoteTransfer:
     """The destination half, for an offer made by `offer`."""
     uuid, offer, start = offered
     epoch = dst.next_epoch()
-    pull = dst.actor.pull.remote(uuid, src.address, dst_pieces, self.timeout_s, epoch,
-                                 dst.revoked())
-    needed = sum(len(p) for p in dst_pieces) * dst.page_bytes
-    return RemoteTransfer(pull, offer, start, self.timeout_s, needed, (src.name, dst.name),
-                          dst, epoch, src, uuid)
+    pages = flat(dst_pages)
+    pull = dst.actor.pull.remote(uuid, src.address, pages, self.timeout_s, epoch, dst.revoked())
+    return RemoteTransfer(pull, offer, start, self.timeout_s, len(pages) * dst.page_bytes,
+                          (src.name, dst.name), dst, epoch, src, uuid)
 
 
-def split_pieces(src: RemoteInstance, pages: list[int]) -> list[list[int]]:
-  """pages cut into the transfer buckets' sizes (engine.transfer.transfer_pieces)."""
-  sizes = transfer_pieces(src.opts.transfer_buckets, len(pages))
-  bounds = list(itertools.accumulate([0] + sizes))
-  return [list(pages[a:b]) for a, b in zip(bounds, bounds[1:])]
+def flat(pages) -> list[int]:
+  """Page ids as one list (given as one, or as a list of lists: the pieces of earlier callers)."""
+  pages = list(pages)
+  if pages and isinstance(pages[0], (list, tuple)):
+    return [int(p) for piece in pages for p in piece]
+  return [int(p) for p in pages]

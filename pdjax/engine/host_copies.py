@@ -1,7 +1,8 @@
 """The real engine's side of the host KV tier (pdjax/kv/host_tier.py): a prefix page evicted
 from an instance's pool is gathered on its devices and copied to host memory asynchronously
 (`copy_to_host_async`: the step loop never waits); pages a request reloads are written back
-into the pool by one scatter per transfer bucket, dispatched before the step that reads them
+into the pool by one scatter program per chunk of up to pages_per_seq pages (a transfer's
+bucket program, `engine.transfer.scatter_pieces`), dispatched before the step that reads them
 (JAX runs a device's programs in dispatch order, so the step sees them).
 
 A page's host copy is readable as soon as it is offered: a reload before the copy reached the
@@ -20,7 +21,7 @@ from jax.sharding import NamedSharding
 
 from pdjax.engine import programs
 from pdjax.engine.runtime import device_errors
-from pdjax.engine.transfer import PAGES_SPEC, compile_scatter, transfer_pieces
+from pdjax.engine.transfer import PAGES_SPEC, compile_scatter, scatter_pieces, transfer_plan
 
 
 class HostKV:
@@ -49,7 +50,9 @@ class HostCopies:
     self.inst = inst
     self._gather = inst._compile(programs.gather_pages, (inst.kv, np.zeros(1, np.int32)),
                                  (inst._kv_sh, inst._rep), NamedSharding(inst.mesh, PAGES_SPEC))
-    self._scatter = {n: compile_scatter(inst, n) for n in inst.opts.transfer_buckets}
+    self._scatter = {}
+    for n in inst.opts.transfer_buckets:   # blanks shared with the instance's own scatters
+      self._scatter[n] = compile_scatter(inst, n, _blanks(inst, self._scatter))
     self._in_flight: list[HostKV] = []
     self.stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
 
@@ -78,17 +81,25 @@ class HostCopies:
     inst, sharding = self.inst, NamedSharding(self.inst.mesh, PAGES_SPEC)
     pages = np.array([p for p, _ in loads], np.int32)
     data = np.stack([kv.host() for _, kv in loads], axis=3)   # [2, L, KVH, n, ps, D]
-    start, largest = 0, inst.opts.transfer_buckets[-1]
+    largest = inst.opts.transfer_buckets[-1]
     with device_errors():
-      for chunk in range(0, len(loads), largest):
-        for n in transfer_pieces(inst.opts.transfer_buckets, min(largest, len(loads) - chunk)):
-          piece = jax.device_put(data[:, :, :, start:start + n], sharding)
-          inst.kv = self._scatter[n](inst.kv, piece, pages[start:start + n])
-          start += n
+      for start in range(0, len(loads), largest):
+        ids = pages[start:start + largest]
+        plan = transfer_plan(inst.opts.transfer_buckets, len(ids))
+        bounds = np.cumsum([start] + plan.pieces)
+        pieces = jax.device_put([data[:, :, :, a:b] for a, b in zip(bounds, bounds[1:])],
+                                sharding)
+        scatter_pieces(inst, self._scatter, plan, pieces, ids)
     self.stats["load_pages"] += len(loads)
     # Host seconds to stage and dispatch the copies (the device side runs ahead of the step
     # in its queue; the engine does not wait for it here).
     self.stats["load_s"] += time.perf_counter() - t0
+
+
+def _blanks(inst, *scatters: dict) -> dict:
+  """The blanks (by size) of the scatter programs already compiled for inst."""
+  return {x.shape[3]: x for found in (inst._scatter,) + scatters
+          for _, blanks in found.values() for x in blanks if x is not None}
 
 
 class HostHandoff:

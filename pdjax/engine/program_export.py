@@ -1,8 +1,9 @@
 """Exports the engine's own programs for TPU and GPU ahead of time, on any host (no devices).
 
 The programs are the ones `Instance` compiles, built by the same functions (programs.bind_step,
-transfer.gather_function, programs.scatter_pages) with the same shardings (mesh.step_shardings,
-transfer.piece_shardings, transfer.scatter_shardings), on a `jax.sharding.AbstractMesh` of the
+transfer.gather_function, transfer.scatter_function over a bucket's transfer.slot_sizes) with
+the same shardings (mesh.step_shardings, transfer.gather_shardings,
+transfer.scatter_shardings), on a `jax.sharding.AbstractMesh` of the
 instance's TP size: `jax.export.export(..., platforms=[target])` then runs the Pallas attention
 kernels' Mosaic (tpu) or Triton (cuda) lowering inside the real step, at a real model's shapes,
 under the instance's shard_map, with nothing but the host's CPU.
@@ -158,7 +159,6 @@ def _jitted(case: ProgramCase):
   pool = jax.ShapeDtypeStruct((cfg.num_layers, cfg.num_kv_heads, o.num_pages, o.page_size,
                                cfg.head_dim), dtype)
   kv = (pool, pool)
-  ids = jax.ShapeDtypeStruct((case.n,), jnp.int32)
   if case.program in ("prefill", "decode"):
     params = jax.eval_shape(lambda: init_params(cfg, 0, dtype))
     geom = batch_lib.PageGeometry(o.num_pages, o.page_size, o.pages_per_seq)
@@ -173,18 +173,20 @@ def _jitted(case: ProgramCase):
             jax.ShapeDtypeStruct((o.token_rows,), jnp.int32))
     jitted = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=(1,))
     return jitted, args, len(jax.tree_util.tree_leaves(params))
+  slots = transfer.slot_sizes(o.transfer_buckets, case.n)   # a transfer bucket's page slots
+  ids = jax.ShapeDtypeStruct((sum(slots),), jnp.int32)
   if case.program == "gather":
-    out_sh = tuple(transfer.piece_shardings(mesh, case.dst_tp))
+    out_sh = transfer.gather_shardings(mesh, case.dst_tp, slots)
     in_sh, _ = mesh_lib.step_shardings(mesh, None)
-    jitted = jax.jit(transfer.gather_function(case.tp, case.dst_tp),
+    jitted = jax.jit(transfer.gather_function(case.tp, case.dst_tp, slots),
                      in_shardings=(in_sh[1], in_sh[2]), out_shardings=out_sh)
     return jitted, (kv, ids), 0
-  pages = jax.ShapeDtypeStruct((2, cfg.num_layers, cfg.num_kv_heads, case.n, o.page_size,
-                                cfg.head_dim), dtype)
-  in_sh, out_sh = transfer.scatter_shardings(mesh)
-  jitted = jax.jit(programs.scatter_pages, in_shardings=in_sh, out_shardings=out_sh,
+  pages = tuple(jax.ShapeDtypeStruct((2, cfg.num_layers, cfg.num_kv_heads, n, o.page_size,
+                                      cfg.head_dim), dtype) for n in slots)
+  in_sh, out_sh = transfer.scatter_shardings(mesh, len(slots))
+  jitted = jax.jit(transfer.scatter_function(slots), in_shardings=in_sh, out_shardings=out_sh,
                    donate_argnums=(0,))
-  return jitted, (kv, pages, ids), 0
+  return jitted, (kv, pages[0] if len(slots) == 1 else pages, ids), 0
 
 
 def _kv_spec_ok(exported, mesh, kv_at: int) -> bool:

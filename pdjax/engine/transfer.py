@@ -1,20 +1,23 @@
 """Moves a request's KV pages from a prefill instance's pool to a decode instance's pool.
 
-Gather the pages on the source mesh, reshard there so that each destination device's slice of
-kv heads sits whole on one source device, copy those single-device pieces device-to-device with
-`jax.device_put`, assemble them into an array on the destination mesh and scatter it into pages
-allocated there. Works when TP differs between the tiers (kv heads divide both degrees).
+One transfer, one program on each side: a gather program on the source mesh gathers the pages
+and reshards them so that each destination device's slice of kv heads sits whole on one source
+device; one `jax.device_put` copies those single-device pieces device-to-device; they are
+assembled into arrays on the destination mesh and one scatter program writes them into the
+pages allocated there. Works when TP differs between the tiers (kv heads divide both degrees).
 
 Why not `jax.device_put(gathered, dst_sharding)` directly: when the source's shard layout differs
 from the destination's (another spec or TP degree), JAX falls back to
 `shard_sharded_device_array_slow_path`, which may materialise the array on the host
 (`x._value`). Single-device pieces always take the direct device-to-device copy.
 
-Exact sizes, fixed shapes: every program is compiled ahead of time for the transfer buckets
-(powers of two, then pages_per_seq), so a transfer of k pages is split into pieces whose sizes
-are buckets and sum to k (`transfer_pieces`: 37 = 32 + 4 + 1), each piece gathered, copied and
-scattered by its own bucket's programs. Only the pages needed move (padding one bucket would
-move up to 2x), at the cost of one dispatch per piece (at most log2(pages_per_seq) + 1).
+Exact sizes, fixed shapes: the programs are compiled ahead of time per transfer bucket (powers
+of two, then pages_per_seq), each working on fixed slots of the bucket's page ids
+(`transfer_plan`: 37 pages go through bucket 64's programs as the slots 32 + 4 + 1). Only
+the filled slots are copied, so exactly the pages needed move; the gather also fills the
+others (device-local, fewer pages than the transfer's) and the scatter takes a blank, never
+written, in their place. Before issue 28 each piece had its own gather, copy and scatter
+(three dispatches per piece): on a CPU host, dispatches, not bytes, were most of a transfer.
 
 A runtime failure (jax.errors.JaxRuntimeError) while dispatching or landing is raised as
 `DeviceError`; a page-count mismatch or a size beyond the buckets stays a ValueError.
@@ -31,6 +34,8 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
 from pdjax.engine.runtime import device_errors
+from pdjax.engine.transfer_plan import (Plan, slot_sizes, transfer_pieces,  # noqa: F401
+                                        transfer_plan)
 from pdjax.kv.transfer_result import TransferResult
 
 PAGES_SPEC = P(None, None, "tp")    # [2 (k|v), layers, kv_heads, n, page_size, head_dim]
@@ -73,58 +78,93 @@ def _piece_plan(src_devices, dst_tp: int):
   return shardings, [(j % s, src_devices[j // s]) for j in range(dst_tp)]
 
 
-def gather_function(src_tp: int, dst_tp: int):
-  """The source program's body: (kv pools, page ids [n]) -> pieces, each [2, L, KVH, n, ps, D]
-  laid out for `piece_shardings` (one piece, or a source shard's kv heads cut in
-  dst_tp / src_tp)."""
+def gather_function(src_tp: int, dst_tp: int, slots: tuple[int, ...]):
+  """The source program's body: (kv pools, page ids [sum(slots)]) -> for each slot (in order),
+  its pages [2, L, KVH, n, ps, D] laid out for `piece_shardings` (one array, or a source
+  shard's kv heads cut in dst_tp / src_tp). Each slot is gathered straight from the pools
+  (no bucket-sized intermediate)."""
   s = max(dst_tp // src_tp, 1)
+  offsets = np.cumsum((0,) + tuple(slots))
 
   def gather(kv, page_ids):
-    pages = programs.gather_pages(kv, page_ids)           # [2, L, KVH, n, ps, D]
-    if s == 1:
-      return (pages,)
-    two, layers, kvh = pages.shape[:3]
-    split = pages.reshape(two, layers, src_tp, s, kvh // dst_tp, *pages.shape[3:])
-    return tuple(split[:, :, :, k].reshape(two, layers, -1, *pages.shape[3:]) for k in range(s))
+    out = []
+    for a, n in zip(offsets, slots):
+      pages = programs.gather_pages(kv, page_ids[a:a + n])     # [2, L, KVH, n, ps, D]
+      if s == 1:
+        out.append(pages)
+        continue
+      two, layers, kvh = pages.shape[:3]
+      split = pages.reshape(two, layers, src_tp, s, kvh // dst_tp, *pages.shape[3:])
+      out += [split[:, :, :, j].reshape(two, layers, -1, *pages.shape[3:]) for j in range(s)]
+    return tuple(out)
   return gather
 
 
-def compile_gather(src, n: int, dst_tp: int):
-  """Source program for n pages: gather, then reshard into destination-shaped pieces."""
-  out_shardings, plan = _piece_plan(list(src.mesh.devices.flat), dst_tp)
-  ids = np.zeros(n, np.int32)
-  compiled = src._compile(gather_function(src.tp, dst_tp), (src.kv, ids),
-                          (src._kv_sh, src._rep), tuple(out_shardings))
-  return compiled, plan
+def gather_shardings(src_mesh, dst_tp: int, slots: tuple[int, ...]) -> tuple:
+  """Output shardings of `gather_function`: `piece_shardings` for each slot."""
+  return tuple(piece_shardings(src_mesh, dst_tp)) * len(slots)
 
 
-def scatter_shardings(mesh) -> tuple[tuple, tuple]:
-  """(in, out) shardings of the destination program (kv pools, pages, page ids) -> kv pools."""
+def compile_gather(src, b: int, dst_tp: int):
+  """Source program of bucket b: gather its slots, resharded into destination-shaped pieces.
+  Returns (program, route): route[j] = (output index within a slot, source device) of
+  destination device j's slice."""
+  slots = slot_sizes(src.opts.transfer_buckets, b)
+  _, route = _piece_plan(list(src.mesh.devices.flat), dst_tp)
+  compiled = src._compile(gather_function(src.tp, dst_tp, slots),
+                          (src.kv, np.zeros(sum(slots), np.int32)),
+                          (src._kv_sh, src._rep),
+                          gather_shardings(src.mesh, dst_tp, slots))
+  return compiled, route
+
+
+def scatter_function(slots: tuple[int, ...]):
+  """The destination program's body: (kv pools, pieces, page ids [sum(slots)]) -> kv pools,
+  each slot's piece [2, L, KVH, n, ps, D] written at its ids (out-of-range ids dropped).
+  pieces: one array per slot; a one-slot bucket's program is `programs.scatter_pages`
+  itself (pieces a bare array)."""
+  if len(slots) == 1:
+    return programs.scatter_pages
+  offsets = np.cumsum((0,) + tuple(slots))
+
+  def scatter(kv, pieces, page_ids):
+    for a, n, pages in zip(offsets, slots, pieces):
+      kv = programs.scatter_pages(kv, pages, page_ids[a:a + n])
+    return kv
+  return scatter
+
+
+def scatter_shardings(mesh, num_slots: int = 1) -> tuple[tuple, tuple]:
+  """(in, out) shardings of the destination program (kv pools, pieces, page ids) -> kv pools."""
   kv = (NamedSharding(mesh, mesh_lib.kv_pool_spec()),) * 2
-  return (kv, NamedSharding(mesh, PAGES_SPEC), mesh_lib.replicated(mesh)), kv
+  piece = NamedSharding(mesh, PAGES_SPEC)
+  pieces = piece if num_slots == 1 else (piece,) * num_slots
+  return (kv, pieces, mesh_lib.replicated(mesh)), kv
 
 
-def compile_scatter(dst, n: int):
+def compile_scatter(dst, b: int, known: dict | None = None):
+  """Destination program of bucket b, pools donated. Returns (program, blanks): blanks[i] is
+  an array of slot i's shape on dst's mesh that stands in for a slot a transfer leaves empty
+  (its ids are out of range, so it is never written); None for slot 0, always filled.
+  known: blanks by size to reuse (default: those of dst's other scatter programs)."""
+  slots = slot_sizes(dst.opts.transfer_buckets, b)
   layers, kvh, _, ps, d = dst.kv_pool_shape
-  pages = jax.ShapeDtypeStruct((2, layers, kvh, n, ps, d), dst.dtype)
-  in_sh, out_sh = scatter_shardings(dst.mesh)
-  return dst._compile(programs.scatter_pages, (dst.kv, pages, np.zeros(n, np.int32)),
-                      in_sh, out_sh, donate=(0,))
-
-
-def transfer_pieces(buckets: tuple[int, ...], k: int) -> list[int]:
-  """Bucket sizes summing to exactly k, largest first, fewest for power-of-two buckets (greedy:
-  the largest bucket that fits, then the rest). buckets sorted ascending, starting at 1."""
-  if k > buckets[-1]:
-    raise ValueError(f"{k} exceeds the largest bucket {buckets[-1]}")
-  pieces, left = [], k
-  for size in reversed(buckets):
-    while size <= left:
-      pieces.append(size)
-      left -= size
-  if left:
-    raise ValueError(f"{k} pages are not a sum of the buckets {buckets}")
-  return pieces
+  shape = lambda n: (2, layers, kvh, n, ps, d)   # noqa: E731
+  args = tuple(jax.ShapeDtypeStruct(shape(n), dst.dtype) for n in slots)
+  in_sh, out_sh = scatter_shardings(dst.mesh, len(slots))
+  compiled = dst._compile(scatter_function(slots), (dst.kv, args[0] if len(slots) == 1 else args,
+                                                    np.zeros(sum(slots), np.int32)),
+                          in_sh, out_sh, donate=(0,))
+  if known is None:
+    known = {x.shape[3]: x for _, blanks in getattr(dst, "_scatter", {}).values()
+             for x in blanks if x is not None}
+  sharding = NamedSharding(dst.mesh, PAGES_SPEC)
+  blanks = [None]
+  for n in slots[1:]:
+    if n not in known:
+      known[n] = jax.device_put(np.zeros(shape(n), dst.dtype), sharding)
+    blanks.append(known[n])
+  return compiled, tuple(blanks)
 
 
 class PendingTransfer:
@@ -164,13 +204,12 @@ def transfer_kv_async(src, src_pages: list[int], dst, dst_pages: list[int]) -> P
   source pages must stay allocated until the transfer is ready."""
   if len(src_pages) != len(dst_pages):
     raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
-  sizes = transfer_pieces(src.opts.transfer_buckets, len(src_pages))
-  bounds = np.cumsum([0] + sizes)
-  src_ids, dst_ids = np.asarray(src_pages, np.int32), np.asarray(dst_pages, np.int32)
-  pending = _dispatch(src, [src_ids[a:b] for a, b in zip(bounds, bounds[1:])],
-                      dst, [dst_ids[a:b] for a, b in zip(bounds, bounds[1:])])
-  pending.bytes_needed = len(src_pages) * page_bytes(dst)
-  return pending
+  start = time.perf_counter()
+  with device_errors():
+    shards = gather_shards(src, src_pages, dst.tp)
+    moved = jax.device_put(shards, _destinations(dst, len(shards)))
+    landed = land_shards(dst, moved, dst_pages)
+  return PendingTransfer(landed, start, len(src_pages) * page_bytes(dst))
 
 
 def transfer_kv(src, src_pages: list[int], dst, dst_pages: list[int]) -> TransferResult:
@@ -186,56 +225,65 @@ def page_bytes(inst) -> int:
 
 
 def warm_up_transfers(src, dst) -> None:
-  """Runs every transfer bucket once with destination ids all out of range (nothing written),
-  so first-copy costs between these two sub-meshes fall in warm-up."""
-  for n in src.opts.transfer_buckets:
-    _dispatch(src, [np.zeros(n, np.int32)], dst,
-              [np.full(n, dst.geom.num_pages, np.int32)]).result()
+  """Runs every transfer bucket once, all its slots filled, with destination ids all out of
+  range (nothing written), so first-copy costs between these two sub-meshes fall in warm-up."""
+  for b in src.opts.transfer_buckets:
+    transfer_kv_async(src, [0] * b, dst, [dst.geom.num_pages] * b).result()
 
 
-def _dispatch(src, src_ids: list[np.ndarray], dst, dst_ids: list[np.ndarray]) -> PendingTransfer:
-  """One piece per (src_ids, dst_ids) pair, each of a bucket's size: every gather first, one
-  device-to-device copy of all their single-device outputs, then each piece's scatter."""
-  start = time.perf_counter()
-  with device_errors():
-    shards = gather_shards(src, src_ids, dst.tp)
-    moved = jax.device_put(shards, list(dst.mesh.devices.flat) * len(src_ids))
-    landed = land_shards(dst, moved, dst_ids)
-  return PendingTransfer(landed, start)
+def _destinations(dst, num_shards: int) -> list:
+  """The devices of `num_shards` destination shards in `gather_shards`' order."""
+  return list(dst.mesh.devices.flat) * (num_shards // dst.tp)
 
 
-def gather_shards(src, src_ids: list[np.ndarray], dst_tp: int) -> list:
-  """Source half of a transfer: for each piece (a bucket's worth of page ids), the
+def gather_shards(src, src_pages, dst_tp: int) -> list:
+  """Source half of a transfer, one program: for each filled slot of the pages' plan, the
   single-device arrays that destination devices 0..dst_tp-1 take whole, each
-  [2, layers, kv_heads / dst_tp, n, page_size, head_dim] on one source device. Piece-major:
-  piece p, destination device j is item p * dst_tp + j."""
+  [2, layers, kv_heads / dst_tp, n, page_size, head_dim] on one source device. Slot-major:
+  the plan's p-th piece, destination device j is item p * dst_tp + j."""
+  plan = transfer_plan(src.opts.transfer_buckets, len(src_pages))
+  gather, route = src._gather[(plan.bucket, dst_tp)]
+  outs = gather(src.kv, plan.ids(src_pages, 0))
+  per = len(outs) // len(plan.slots)
   shards = []
-  for ids in src_ids:
-    gather, plan = src._gather[(len(ids), dst_tp)]
-    outs = gather(src.kv, ids)
-    shards += [next(s.data for s in outs[i].addressable_shards if s.device == device)
-               for i, device in plan]
+  for i in plan.used:
+    data = {}
+    for split, device in route:
+      if split not in data:
+        data[split] = {s.device: s.data for s in outs[i * per + split].addressable_shards}
+      shards.append(data[split][device])
   return shards
 
 
-def shard_shape(dst, n: int) -> tuple[int, ...]:
-  """Shape of one destination device's part of an n-page piece."""
+def shard_shapes(dst, k: int) -> list[tuple[int, ...]]:
+  """The shapes of a k-page transfer's shards as `land_shards` takes them (one per filled
+  slot and destination device, in order)."""
   layers, kvh, _, ps, d = dst.kv_pool_shape
-  return (2, layers, kvh // dst.tp, n, ps, d)
+  plan = transfer_plan(dst.opts.transfer_buckets, k)
+  return [(2, layers, kvh // dst.tp, n, ps, d) for n in plan.pieces for _ in range(dst.tp)]
 
 
-def land_shards(dst, shards: list, dst_ids: list[np.ndarray]) -> list:
-  """Destination half: assembles each piece from its single-device arrays (already on dst's
-  devices, in `gather_shards`' order) and scatters it into dst's pool at dst_ids (ids out of
-  range write nothing). Returns the assembled pieces (ready once landed)."""
+def land_shards(dst, shards: list, dst_pages) -> list:
+  """Destination half, one program: assembles each filled slot's piece from its single-device
+  arrays (already on dst's devices, in `gather_shards`' order) and scatters every slot into
+  dst's pool at dst_pages (ids out of range write nothing). Returns the assembled pieces
+  (ready once landed)."""
+  plan = transfer_plan(dst.opts.transfer_buckets, len(dst_pages))
   layers, kvh, _, ps, d = dst.kv_pool_shape
-  per = dst.tp
-  landed = []
-  for p, ids in enumerate(dst_ids):
-    n = len(ids)
-    pages = jax.make_array_from_single_device_arrays(
-        (2, layers, kvh, n, ps, d), NamedSharding(dst.mesh, PAGES_SPEC),
-        shards[p * per:(p + 1) * per])
-    dst.kv = dst._scatter[n](dst.kv, pages, ids)
-    landed.append(pages)
-  return landed
+  sharding, per = NamedSharding(dst.mesh, PAGES_SPEC), dst.tp
+  pieces = [jax.make_array_from_single_device_arrays((2, layers, kvh, n, ps, d), sharding,
+                                                     shards[p * per:(p + 1) * per])
+            for p, n in enumerate(plan.pieces)]
+  scatter_pieces(dst, dst._scatter, plan, pieces, dst_pages)
+  return pieces
+
+
+def scatter_pieces(dst, scatters: dict, plan: Plan, pieces: list, dst_pages) -> None:
+  """Dispatches bucket plan.bucket's scatter program (from `scatters`, `compile_scatter`'s
+  outputs by bucket) on dst's pool with the plan's filled slots' pieces, blanks elsewhere."""
+  scatter, blanks = scatters[plan.bucket]
+  slots = list(blanks)
+  for i, piece in zip(plan.used, pieces):
+    slots[i] = piece
+  ids = plan.ids(dst_pages, dst.geom.num_pages)
+  dst.kv = scatter(dst.kv, slots[0] if len(slots) == 1 else tuple(slots), ids)

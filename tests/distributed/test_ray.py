@@ -17,7 +17,6 @@ from conftest import tiny_engine_options
 from helpers.hf_reference import hf_greedy_outputs
 from pdjax.runner import serve_requests as serving
 from pdjax.distributed.launcher import RayCluster
-from pdjax.distributed.ray_transfer import split_pieces
 from pdjax.engine.cluster import build_instances
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
@@ -208,11 +207,11 @@ def test_a_pull_whose_source_stopped_hits_its_deadline(ray_cluster, build, hf_ou
     if len(sent) == 1:
       ray.get(sent[0].pull)            # r0 landed
     transfer = ray_cluster.transfer_fn
-    offered = transfer.offer(src, split_pieces(src, src_pages), dst)
+    offered = transfer.offer(src, src_pages, dst)
     if len(sent) == 1:
       ray.get(offered[1])              # r1's pages offered, then the process stops
       os.kill(p0.pid, signal.SIGSTOP)
-    sent.append(transfer.pull(src, dst, split_pieces(src, dst_pages), offered))
+    sent.append(transfer.pull(src, dst, dst_pages, offered))
     return sent[-1]
 
   requests = _requests([0.0, 0.5, 0.5])[:3]

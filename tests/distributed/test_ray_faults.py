@@ -76,6 +76,22 @@ def _test_actor_class():
     async def read_pages(self, pages):
       return np_.asarray(self.inst.kv)[:, :, :, list(pages)]
 
+    async def count_programs(self):
+      """Counts calls of this instance's transfer programs from the first call on."""
+      if not hasattr(self, "calls"):
+        self.calls = {"gather": 0, "scatter": 0}
+
+        def counted(program, name):
+          def call(*args):
+            self.calls[name] += 1
+            return program(*args)
+          return call
+        for table, name in ((self.inst._gather, "gather"), (self.inst._scatter, "scatter")):
+          for key, entry in list(table.items()):
+            table[key] = ((counted(entry[0], name),) + tuple(entry[1:])
+                          if isinstance(entry, tuple) else counted(entry, name))
+      return dict(self.calls)
+
   return TestActor
 
 
@@ -199,6 +215,23 @@ def test_a_pull_the_driver_gave_up_on_is_dropped_not_landed(pair, monkeypatch):
   assert ray.get(p0.actor.offer_counts.remote())["held"] == 0   # and its offer is settled
 
 
+def test_a_transfer_is_one_offer_and_one_pull_with_one_program_each_side(pair):
+  """11 pages (pieces 8 + 2 + 1) move with one offer call and one pull call: one gather
+  program on the source, one scatter program on the destination (before issue 28: a gather
+  and a scatter per piece), exactly 11 pages' bytes, the pages equal the source's."""
+  p0, d0 = pair
+  src_pages, dst_pages = list(range(12, 23)), list(range(30, 41))
+  _prefill(p0, [1] + list(range(3, 90)), src_pages)
+  before = ray.get([p0.actor.count_programs.remote(), d0.actor.count_programs.remote()])
+  result = RayTransfer(timeout_s=5.0)(p0, src_pages, d0, dst_pages).result()
+  after = ray.get([p0.actor.count_programs.remote(), d0.actor.count_programs.remote()])
+  assert result.bytes == 11 * d0.page_bytes
+  assert (after[0]["gather"] - before[0]["gather"], after[1]["scatter"] - before[1]["scatter"],
+          after[0]["scatter"] - before[0]["scatter"]) == (1, 1, 0)
+  assert np.array_equal(ray.get(d0.actor.read_pages.remote(dst_pages)),
+                        ray.get(p0.actor.read_pages.remote(src_pages)))
+
+
 def test_an_offer_never_pulled_expires(pair, monkeypatch):
   """Offers live for the pull deadline plus the driver's grace (0.5 + 0.2 s here). One pulled
   in time lands and is settled (it never expires); one nobody pulls expires on the source,
@@ -210,12 +243,12 @@ def test_an_offer_never_pulled_expires(pair, monkeypatch):
   assert before["held"] == 0
   transfer = RayTransfer(timeout_s=0.5)
   assert transfer(p0, [1], d0, [7]).result().bytes == 4096
-  offered = transfer.offer(p0, [[1]], d0)
+  offered = transfer.offer(p0, [1], d0)
   assert ray.get(offered[1]) == 4096      # gathered and offered (one page)
   time.sleep(1.0)
   assert ray.get(p0.actor.offer_counts.remote()) == {"held": 0,
                                                      "expired": before["expired"] + 1}
-  expired = transfer.pull(p0, d0, [[7]], offered)
+  expired = transfer.pull(p0, d0, [7], offered)
   with pytest.raises(DeviceError, match=rf"KV pull from {p0.address} not complete after 0.5 s"):
     expired.result()
   assert transfer.offer_ttl_s == pytest.approx(0.7)

@@ -54,3 +54,48 @@ def test_transfer_rejects_mismatched_page_counts(tiny_model):
                              tiny_engine_options())
   with pytest.raises(ValueError, match="page counts differ: 2 source, 1 destination"):
     transfer.transfer_kv(src, [1, 2], dst, [3])
+
+
+class _Counted:
+  """A compiled program that counts its calls."""
+
+  def __init__(self, fn, calls: list, name: str):
+    self.fn, self.calls, self.name = fn, calls, name
+
+  def __call__(self, *args):
+    self.calls.append(self.name)
+    return self.fn(*args)
+
+
+@pytest.mark.parametrize("src_tp,dst_tp,k", [(2, 2, 37), (4, 2, 7), (1, 2, 12), (2, 2, 1)])
+def test_a_transfer_is_one_gather_one_copy_one_scatter(tiny_model, monkeypatch, src_tp, dst_tp,
+                                                         k):
+  """Whatever the number of bucket pieces (37 = 32 + 4 + 1), a transfer dispatches one gather
+  program on the source, one device_put and one scatter program on the destination, and the
+  pages land exact."""
+  cfg, params = tiny_model
+  opts = tiny_engine_options(max_model_len=512, num_pages=80)
+  src, dst = build_instances([("prefill", 1, src_tp), ("decode", 1, dst_tp)], cfg, params, opts)
+  k_pool, v_pool = _fill_pool(src, seed=k)
+  calls = []
+  for key, entry in list(src._gather.items()):
+    monkeypatch.setitem(src._gather, key, (_Counted(entry[0], calls, "gather"),) + entry[1:])
+  for key, entry in list(dst._scatter.items()):
+    if isinstance(entry, tuple):         # (program, blanks)
+      monkeypatch.setitem(dst._scatter, key, (_Counted(entry[0], calls, "scatter"), entry[1]))
+    else:                                # one program per piece (before issue 28)
+      monkeypatch.setitem(dst._scatter, key, _Counted(entry, calls, "scatter"))
+  put = jax.device_put
+  monkeypatch.setattr(jax, "device_put", lambda *a, **kw: calls.append("put") or put(*a, **kw))
+  rng = np.random.default_rng(k)
+  src_pages = [int(p) for p in rng.permutation(src.geom.num_pages)[:k]]
+  dst_pages = [int(p) for p in rng.permutation(dst.geom.num_pages)[:k]]
+
+  result = transfer.transfer_kv(src, src_pages, dst, dst_pages)
+  monkeypatch.undo()
+
+  assert calls == ["gather", "put", "scatter"]
+  got_k, got_v = (np.asarray(a) for a in dst.kv)
+  np.testing.assert_array_equal(got_k[:, :, dst_pages], k_pool[:, :, src_pages])
+  np.testing.assert_array_equal(got_v[:, :, dst_pages], v_pool[:, :, src_pages])
+  assert result.bytes == k * transfer.page_bytes(dst)
