@@ -2,7 +2,7 @@
 same program with one phase taken out, and the phases alone, at several batch sizes.
 
   python benchmarks/decode_profile.py [--batches=1,4,64] [--context=128] [--reps=20]
-      [--checkpoint=DIR] [--tp=1] [--out=FILE.json]
+      [--checkpoint=DIR] [--tp=1] [--layout=auto|stacked|unrolled] [--out=FILE.json]
 
 Model: SmolLM2-135M-Instruct (pdjax.text.gguf.smollm2_folder(), or --checkpoint), float32, the
 XLA attention (the CPU default), one instance of --tp devices. Each batch row is a sequence of
@@ -16,9 +16,8 @@ the host (what the driver waits for):
   -attention   the step with the paged attention replaced by zeros (the difference is attention);
   -kv write    the step without writing the new token's K/V into the pools;
   lm head      x [B, hidden] @ embedding^T alone; sampling: greedy sample() over [B, vocab] alone;
-  matmuls      the 30 layers' projections and MLP alone, as one scanned layer body over the
-               stacked weights (the layout TPU and GPU use; the engine's CPU layout is in the
-               step).
+  matmuls      the 30 layers' projections and MLP alone, in the instance's parameter layout
+               (stacked: one scanned body; unrolled: one body per layer, column blocks).
 Shares are of `step`; the ablated rows overlap (XLA fuses across phases), so they need not sum.
 """
 
@@ -53,6 +52,8 @@ def main() -> None:
   parser.add_argument("--reps", type=int, default=20)
   parser.add_argument("--checkpoint", default=None)
   parser.add_argument("--tp", type=int, default=1)
+  parser.add_argument("--layout", default="auto", help="model.param_layout: auto, stacked, "
+                      "unrolled")
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
   batches = [int(b) for b in args.batches.split(",")]
@@ -83,7 +84,7 @@ def main() -> None:
   opts = EngineOptions(page_size=page_size, num_pages=max(batches) * pages_per_seq,
                        max_model_len=max_len, prefill_buckets=(16,), max_prefill_seqs=1,
                        decode_buckets=tuple(batches), dtype="float32", attention_impl="xla",
-                       lazy_compile=True)
+                       param_layout=args.layout, lazy_compile=True)
   spec = mesh_lib.split_devices(jax.devices(), [("colocated", 1, args.tp)])[0]
   inst = Instance(spec, cfg, params, opts)
 
@@ -138,35 +139,56 @@ def main() -> None:
     greedy = jax.jit(lambda l: sample(l, jnp.zeros(b), jax.random.split(jax.random.key(0), b),
                                       jnp.ones(b)))
     r["sampling"] = median_s(lambda: greedy(logits).block_until_ready(), args.reps)
-    layers = jax.tree_util.tree_map(jnp.asarray, params["params"]["layers"])
-    r["matmuls"] = median_s(_matmuls(layers, x, cfg), args.reps)
+    r["matmuls"] = median_s(_matmuls(params, x, cfg, inst.param_layout, inst.matmul_splits),
+                            args.reps)
     rows[b] = r
     print(f"batch {b}: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({v / r['step']:.0%})"
                                       for k, v in r.items()), flush=True)
   machine = f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} " \
             f"{jax.default_backend()}"
-  print(f"SmolLM2-135M float32, XLA attention, tp={args.tp}, context {args.context}, "
+  print(f"SmolLM2-135M float32, XLA attention, tp={args.tp}, layout {inst.param_layout} "
+        f"(matmul splits {inst.matmul_splits}), context {args.context}, "
         f"median of {args.reps}; {machine}")
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"machine": machine, "context": args.context, "rows": rows}, f, indent=1)
 
 
-def _matmuls(layers, x, cfg):
+def _matmuls(params, x, cfg, layout: str, splits: int):
+  """The layers' seven projections alone (x through every weight, in the instance's layout:
+  a scanned body over stacked weights, or one body per layer over its column blocks)."""
   import jax
   import jax.numpy as jnp
+  from pdjax.models.param_layout import to_layout
+  names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-  @jax.jit
-  def f(layers, x):
-    def body(x, p):
-      q = jnp.einsum("bh,hnd->bnd", x, p["q_proj"]["kernel"])
-      k = jnp.einsum("bh,hnd->bnd", x, p["k_proj"]["kernel"])
-      v = jnp.einsum("bh,hnd->bnd", x, p["v_proj"]["kernel"])
-      o = jnp.einsum("bnd,ndh->bh", q, p["o_proj"]["kernel"]) + 0 * (k.sum() + v.sum())
-      g = x @ p["gate_proj"]["kernel"]
-      u = x @ p["up_proj"]["kernel"]
-      return x + o + (jax.nn.silu(g) * u) @ p["down_proj"]["kernel"], None
-    return jax.lax.scan(body, x, layers)[0]
+  def project(x, p):
+    def mm(h, w):
+      if "kernel" in w:
+        return h @ w["kernel"].reshape(h.shape[-1], -1)
+      return jnp.concatenate([h @ w[f"kernel_{i}"] for i in range(len(w))], -1)
+    q = mm(x, p["q_proj"])
+    kv = mm(x, p["k_proj"]).sum() + mm(x, p["v_proj"]).sum()
+    o = mm(q, p["o_proj"]) + 0 * kv
+    g, u = mm(x, p["gate_proj"]), mm(x, p["up_proj"])
+    return x + o + mm(jax.nn.silu(g) * u, p["down_proj"])
+
+  tree = to_layout({"params": {**params["params"]}}, cfg.num_layers, layout, splits)["params"]
+  tree = jax.tree_util.tree_map(jnp.asarray, tree)
+  if layout == "unrolled":
+    layers = [{n: tree[f"layers_{i}"][n] for n in names} for i in range(cfg.num_layers)]
+
+    @jax.jit
+    def f(layers, x):
+      for p in layers:
+        x = project(x, p)
+      return x
+  else:
+    layers = {n: tree["layers"][n] for n in names}
+
+    @jax.jit
+    def f(layers, x):
+      return jax.lax.scan(lambda x, p: (project(x, p), None), x, layers)[0]
   return lambda: f(layers, x).block_until_ready()
 
 
