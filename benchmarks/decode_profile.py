@@ -27,22 +27,12 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def median_s(fn, reps: int) -> float:
-  fn()
-  fn()
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+from transfer import median_s  # noqa: E402  (the benchmarks' median of timed runs)
 
 
 def main() -> None:
