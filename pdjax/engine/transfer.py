@@ -13,11 +13,14 @@ from the destination's (another spec or TP degree), JAX falls back to
 
 Exact sizes, fixed shapes: the programs are compiled ahead of time per transfer bucket (powers
 of two, then pages_per_seq), each working on fixed slots of the bucket's page ids
-(`transfer_plan`: 37 pages go through bucket 64's programs as the slots 32 + 4 + 1). Only
-the filled slots are copied, so exactly the pages needed move; the gather also fills the
-others (device-local, fewer pages than the transfer's) and the scatter takes a blank, never
-written, in their place. Before issue 28 each piece had its own gather, copy and scatter
-(three dispatches per piece): on a CPU host, dispatches, not bytes, were most of a transfer.
+(`transfer_plan`: 37 pages go through bucket 32's programs as the slots 32 + 4 + 1). Only
+the filled slots are copied, so exactly the pages needed move; the gather outputs zeros for
+the empty ones and the scatter skips them (a `lax.cond` each, on the slot's first id), taking
+a blank, never read, in their place. Before issue 28 each piece had its own gather, copy and
+scatter (three dispatches per piece). On a CPU host the gather and scatter programs' own
+memory work is most of a transfer either way (BENCHMARKS.md, issue 28); without the conds the
+empty slots' gathering and scattering cost more there than the dispatches saved. (XLA:GPU
+may read a conditional's predicate on the host; measure before relying on this on a GPU.)
 
 A runtime failure (jax.errors.JaxRuntimeError) while dispatching or landing is raised as
 `DeviceError`; a page-count mismatch or a size beyond the buckets stays a ValueError.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
@@ -39,6 +43,7 @@ from pdjax.engine.transfer_plan import (Plan, slot_sizes, transfer_pieces,  # no
 from pdjax.kv.transfer_result import TransferResult
 
 PAGES_SPEC = P(None, None, "tp")    # [2 (k|v), layers, kv_heads, n, page_size, head_dim]
+EMPTY = -1                           # the source page id of an empty slot (not gathered)
 
 
 def _check_tps(src_tp: int, dst_tp: int) -> None:
@@ -81,15 +86,24 @@ def _piece_plan(src_devices, dst_tp: int):
 def gather_function(src_tp: int, dst_tp: int, slots: tuple[int, ...]):
   """The source program's body: (kv pools, page ids [sum(slots)]) -> for each slot (in order),
   its pages [2, L, KVH, n, ps, D] laid out for `piece_shardings` (one array, or a source
-  shard's kv heads cut in dst_tp / src_tp). Each slot is gathered straight from the pools
-  (no bucket-sized intermediate)."""
+  shard's kv heads cut in dst_tp / src_tp). Each slot is gathered straight from the pools (no
+  bucket-sized intermediate); a slot after the first whose first id is negative is empty
+  (`Plan.ids(..., EMPTY)`): it is zeros, not gathered (on a CPU host gathering it cost as
+  much as the pages it would have moved)."""
   s = max(dst_tp // src_tp, 1)
   offsets = np.cumsum((0,) + tuple(slots))
 
   def gather(kv, page_ids):
     out = []
-    for a, n in zip(offsets, slots):
-      pages = programs.gather_pages(kv, page_ids[a:a + n])     # [2, L, KVH, n, ps, D]
+    for i, (a, n) in enumerate(zip(offsets, slots)):
+      ids = page_ids[a:a + n]
+      if i == 0:
+        pages = programs.gather_pages(kv, ids)                 # [2, L, KVH, n, ps, D]
+      else:
+        layers, kvh, _, ps, d = kv[0].shape
+        pages = jax.lax.cond(
+            ids[0] >= 0, lambda ids=ids: programs.gather_pages(kv, ids),
+            lambda n=n: jnp.zeros((2, layers, kvh, n, ps, d), kv[0].dtype))
       if s == 1:
         out.append(pages)
         continue
@@ -120,7 +134,8 @@ def compile_gather(src, b: int, dst_tp: int):
 
 def scatter_function(slots: tuple[int, ...]):
   """The destination program's body: (kv pools, pieces, page ids [sum(slots)]) -> kv pools,
-  each slot's piece [2, L, KVH, n, ps, D] written at its ids (out-of-range ids dropped).
+  each slot's piece [2, L, KVH, n, ps, D] written at its ids (out-of-range ids dropped; a
+  slot after the first whose first id is out of range is skipped, its blank never read).
   pieces: one array per slot; a one-slot bucket's program is `programs.scatter_pages`
   itself (pieces a bare array)."""
   if len(slots) == 1:
@@ -128,8 +143,14 @@ def scatter_function(slots: tuple[int, ...]):
   offsets = np.cumsum((0,) + tuple(slots))
 
   def scatter(kv, pieces, page_ids):
-    for a, n, pages in zip(offsets, slots, pieces):
-      kv = programs.scatter_pages(kv, pages, page_ids[a:a + n])
+    for i, (a, n, pages) in enumerate(zip(offsets, slots, pieces)):
+      ids = page_ids[a:a + n]
+      if i == 0:
+        kv = programs.scatter_pages(kv, pages, ids)
+      else:
+        kv = jax.lax.cond(ids[0] < kv[0].shape[2],
+                          lambda kv, pages=pages, ids=ids: programs.scatter_pages(kv, pages, ids),
+                          lambda kv: kv, kv)
     return kv
   return scatter
 
@@ -243,7 +264,7 @@ def gather_shards(src, src_pages, dst_tp: int) -> list:
   the plan's p-th piece, destination device j is item p * dst_tp + j."""
   plan = transfer_plan(src.opts.transfer_buckets, len(src_pages))
   gather, route = src._gather[(plan.bucket, dst_tp)]
-  outs = gather(src.kv, plan.ids(src_pages, 0))
+  outs = gather(src.kv, plan.ids(src_pages, EMPTY))
   per = len(outs) // len(plan.slots)
   shards = []
   for i in plan.used:

@@ -7,10 +7,10 @@ k pages for every k, so bucket b's programs, which serve every k from b up to th
 work on fixed *slots* of page ids (`slot_sizes`): b itself, then pieces whose subset sums
 cover 1..next - 1 - b (8: 8 | 4 2 1; 32 with 40 next: 32 | 4 2 1; the largest bucket: itself).
 A transfer of k pages fills slot 0 and the slots summing to k - b (`transfer_plan`:
-37 -> 32 + 4 + 1; 64 -> 64, one piece). The gather program gathers every slot (the unfilled
-ones page 0 over and over: device-local work, under 2k pages), only the filled slots are
-copied, and the scatter program takes a blank of the same size, never written (its ids are
-out of range), in each unfilled slot's place. Why b itself is a slot: a transfer of a bucket's
+37 -> 32 + 4 + 1; 64 -> 64, one piece). Only the filled slots are copied; an empty slot's
+source ids are negative and its destination ids out of range, so the gather program outputs
+zeros for it instead of gathering, and the scatter program skips it (a `lax.cond` on the
+slot's first id), taking a blank of the same size, never read, in its place. Why b itself is a slot: a transfer of a bucket's
 size (the common whole-prompt case) moves as one array per destination device, and each array
 costs the copy and the destination's assembly a fixed overhead.
 
