@@ -7,12 +7,16 @@ On 8 simulated CPU devices, for each source -> destination TP pair (disjoint sub
 each page count k, times `transfer_kv` of k random pages (after warm-up; median of --reps) and,
 in the same run, the plain copy: for each destination device, one array of the bytes that
 device receives, `jax.device_put` from the source device the transfer takes that slice from
-(`transfer._piece_plan`), blocked until ready. The model is the `tiny` Llama with --layers
-layers (4 kv heads of 16 dims); only the transfer programs are compiled.
+(`transfer._piece_plan`), blocked until ready. Also in the same run, the transfer's two
+programs alone (blocked until done): the source's gather and the destination's scatter, so
+the table shows what is left once the bytes are moved (on a CPU host, gather and scatter are
+memory copies too). The model is the `tiny` Llama with --layers layers (4 kv heads of 16
+dims); only the transfer programs are compiled.
 
-Columns: pages; pieces (the bucket sizes the transfer is split into); bytes needed (k pages of
-the destination pool) and moved (TransferResult.bytes); their ratio; the transfer's median
-seconds and GB/s (needed bytes / seconds); the plain copy's GB/s; transfer / plain GB/s.
+Columns: pages; pieces (the sizes of the arrays the one copy moves, summing to k); bytes
+needed (k pages of the destination pool) and moved (TransferResult.bytes); their ratio; the
+transfer's median seconds and GB/s (needed bytes / seconds); the plain copy's GB/s; transfer
+/ plain GB/s; the gather and scatter programs' own median seconds.
 """
 
 from __future__ import annotations
@@ -79,23 +83,45 @@ def measure(src, dst, pages: int, reps: int, rng) -> dict:
   needed = pending.bytes_needed
   xfer_s = median_s(lambda: transfer.transfer_kv(src, src_pages, dst, dst_pages), reps)
   plain_s = median_s(plain_copy(src, dst, needed), reps)
+  gather_s, scatter_s = program_seconds(src, dst, src_pages, reps)
   pieces = transfer.transfer_pieces(src.opts.transfer_buckets, pages)
   return {"src_tp": src.tp, "dst_tp": dst.tp, "pages": pages,
           "pieces": "+".join(map(str, pieces)), "bytes_needed": needed, "bytes_moved": moved,
           "moved_over_needed": moved / needed, "seconds": xfer_s, "gbps": needed / xfer_s / 1e9,
           "plain_seconds": plain_s, "plain_gbps": needed / plain_s / 1e9,
-          "transfer_over_plain": plain_s / xfer_s}
+          "transfer_over_plain": plain_s / xfer_s, "gather_seconds": gather_s,
+          "scatter_seconds": scatter_s}
+
+
+def program_seconds(src, dst, src_pages: list[int], reps: int) -> tuple[float, float]:
+  """Median seconds of the transfer's gather program alone and of its scatter program alone
+  (destination ids out of range: nothing written), each blocked until done."""
+  import jax
+  from pdjax.engine import transfer
+  plan = transfer.transfer_plan(src.opts.transfer_buckets, len(src_pages))
+  gather, _ = src._gather[(plan.bucket, dst.tp)]
+  ids = plan.ids(src_pages, transfer.EMPTY)
+  gather_s = median_s(lambda: jax.block_until_ready(gather(src.kv, ids)), reps)
+  shards = jax.device_put(transfer.gather_shards(src, src_pages, dst.tp),
+                          transfer._destinations(dst, len(plan.pieces) * dst.tp))
+  nowhere = [dst.geom.num_pages] * len(src_pages)
+
+  def scatter():
+    transfer.land_shards(dst, shards, nowhere)
+    jax.block_until_ready(dst.kv)
+  return gather_s, median_s(scatter, reps)
 
 
 def markdown(rows: list[dict]) -> str:
   head = ("| TP | pages | pieces | bytes needed | bytes moved | moved/needed | median s "
-          "| GB/s | plain GB/s | transfer/plain |")
-  lines = [head, "|" + "---|" * 10]
+          "| GB/s | plain GB/s | transfer/plain | gather s | scatter s |")
+  lines = [head, "|" + "---|" * 12]
   for r in rows:
     lines.append(f"| {r['src_tp']}->{r['dst_tp']} | {r['pages']} | {r['pieces']} "
                  f"| {r['bytes_needed']:,} | {r['bytes_moved']:,} "
                  f"| {r['moved_over_needed']:.2f} | {r['seconds']:.6f} | {r['gbps']:.3f} "
-                 f"| {r['plain_gbps']:.3f} | {r['transfer_over_plain']:.2f} |")
+                 f"| {r['plain_gbps']:.3f} | {r['transfer_over_plain']:.2f} "
+                 f"| {r['gather_seconds']:.6f} | {r['scatter_seconds']:.6f} |")
   return "\n".join(lines)
 
 

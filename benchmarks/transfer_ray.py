@@ -8,10 +8,13 @@ sub-meshes of this process's 8 virtual CPU devices, `benchmarks/transfer.py`'s s
 Ray path (a prefill and a decode actor, each its own process with its own virtual devices: the
 source offers the pages on its jax.experimental.transfer server, the destination pulls them
 and scatters them into its pool), each timed from dispatch until the pages have landed, as
-the driver sees it; median of --reps after one warm-up. "pull s" is the destination actor's own
-time from the pull call to every piece arrived (the rest of the Ray figure is the two actor
-calls' round trips). GB/s = bytes needed / seconds. Only the transfer programs are compiled
-(lazy step programs).
+the driver sees it; median of --reps after one warm-up. A transfer is one offer call and one
+pull call, sent at once (one gather program on the source, one pull of all pieces, one scatter
+program on the destination). "pull s" is the destination actor's own time from the pull call
+to every piece arrived and the scatter dispatched; "call s" is, in the same run, the round trip
+of an actor call that does nothing (`offer_counts`): the floor any cross-process transfer
+pays on top of its bytes. GB/s = bytes needed / seconds. Only the transfer programs are
+compiled (lazy step programs).
 """
 
 from __future__ import annotations
@@ -74,23 +77,27 @@ def main() -> None:
           pending = cluster.transfer_fn(src, sp, dst, dp)
           pulls.append(ray_result(pending.pull, dst.name))
         ray_s = median_s(cross, args.reps)
+        call_s = median_s(lambda: ray_result(dst.actor.offer_counts.remote(), dst.name),
+                          args.reps)
         assert pulls[-1]["bytes"] == needed, (pulls[-1], needed)
         pull_s = statistics.median(p["seconds"] for p in pulls[1:])
         rows.append({"src_tp": src_tp, "dst_tp": dst_tp, "pages": k, "bytes": needed,
                      "local_s": local_s, "local_gbps": needed / local_s / 1e9,
                      "ray_s": ray_s, "ray_gbps": needed / ray_s / 1e9, "pull_s": pull_s,
+                     "call_s": call_s,
                      "ray_over_local": local_s / ray_s})
       cluster.release([src, dst])
   wall_s = time.perf_counter() - t0
   print(f"jax {jax.__version__}, ray {__import__('ray').__version__}, CPU; tiny Llama "
         f"{args.layers} layers, page {args.page_size} tokens; median of {args.reps}")
   print("| TP | pages | bytes | in-process s | GB/s | Ray pull s (driver) | GB/s "
-        "| pull s (actor) | Ray/in-process speed |")
-  print("|" + "---|" * 9)
+        "| pull s (actor) | call s | Ray/in-process speed |")
+  print("|" + "---|" * 10)
   for r in rows:
     print(f"| {r['src_tp']}->{r['dst_tp']} | {r['pages']} | {r['bytes']:,} "
           f"| {r['local_s']:.5f} | {r['local_gbps']:.3f} | {r['ray_s']:.5f} "
-          f"| {r['ray_gbps']:.3f} | {r['pull_s']:.5f} | {r['ray_over_local']:.2f} |")
+          f"| {r['ray_gbps']:.3f} | {r['pull_s']:.5f} | {r['call_s']:.5f} "
+          f"| {r['ray_over_local']:.2f} |")
   print(f"wall time {wall_s:.1f} s")
   if args.out:
     with open(args.out, "w") as f:
