@@ -17,7 +17,7 @@ the host (what the driver waits for):
   -kv write    the step without writing the new token's K/V into the pools;
   lm head      x [B, hidden] @ embedding^T alone; sampling: greedy sample() over [B, vocab] alone;
   matmuls      the 30 layers' projections and MLP alone, in the instance's parameter layout
-               (stacked: one scanned body; unrolled: one body per layer, column blocks).
+               (stacked: one scanned body; unrolled: one body per layer).
 Shares are of `step`; the ablated rows overlap (XLA fuses across phases), so they need not sum.
 """
 
@@ -82,7 +82,7 @@ def main() -> None:
     return [(1, args.context, list(range(i * pages_per_seq, (i + 1) * pages_per_seq)), 0.0, 0)
             for i in range(b)]
 
-  layout = dict(layout=inst.param_layout, matmul_splits=inst.matmul_splits)
+  layout = dict(layout=inst.param_layout)
 
   class NoAttention(AttentionOps):
     def decode(self, q, *a, **kw):
@@ -129,24 +129,23 @@ def main() -> None:
     greedy = jax.jit(lambda l: sample(l, jnp.zeros(b), jax.random.split(jax.random.key(0), b),
                                       jnp.ones(b)))
     r["sampling"] = median_s(lambda: greedy(logits).block_until_ready(), args.reps)
-    r["matmuls"] = median_s(_matmuls(params, x, cfg, inst.param_layout, inst.matmul_splits),
-                            args.reps)
+    r["matmuls"] = median_s(_matmuls(params, x, cfg, inst.param_layout), args.reps)
     rows[b] = r
     print(f"batch {b}: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({v / r['step']:.0%})"
                                       for k, v in r.items()), flush=True)
   machine = f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} " \
             f"{jax.default_backend()}"
   print(f"SmolLM2-135M float32, XLA attention, tp={args.tp}, layout {inst.param_layout} "
-        f"(matmul splits {inst.matmul_splits}), context {args.context}, "
+        f"context {args.context}, "
         f"median of {args.reps}; {machine}")
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"machine": machine, "context": args.context, "rows": rows}, f, indent=1)
 
 
-def _matmuls(params, x, cfg, layout: str, splits: int):
+def _matmuls(params, x, cfg, layout: str):
   """The layers' seven projections alone (x through every weight, in the instance's layout:
-  a scanned body over stacked weights, or one body per layer over its column blocks)."""
+  a scanned body over stacked weights, or one body per layer)."""
   import jax
   import jax.numpy as jnp
   from pdjax.models.param_layout import to_layout
@@ -154,16 +153,14 @@ def _matmuls(params, x, cfg, layout: str, splits: int):
 
   def project(x, p):
     def mm(h, w):
-      if "kernel" in w:
-        return h @ w["kernel"].reshape(h.shape[-1], -1)
-      return jnp.concatenate([h @ w[f"kernel_{i}"] for i in range(len(w))], -1)
+      return h @ w["kernel"].reshape(h.shape[-1], -1)
     q = mm(x, p["q_proj"])
     kv = mm(x, p["k_proj"]).sum() + mm(x, p["v_proj"]).sum()
     o = mm(q, p["o_proj"]) + 0 * kv
     g, u = mm(x, p["gate_proj"]), mm(x, p["up_proj"])
     return x + o + mm(jax.nn.silu(g) * u, p["down_proj"])
 
-  tree = to_layout({"params": {**params["params"]}}, cfg.num_layers, layout, splits)["params"]
+  tree = to_layout({"params": {**params["params"]}}, cfg.num_layers, layout)["params"]
   tree = jax.tree_util.tree_map(jnp.asarray, tree)
   if layout == "unrolled":
     layers = [{n: tree[f"layers_{i}"][n] for n in names} for i in range(cfg.num_layers)]

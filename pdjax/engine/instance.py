@@ -56,7 +56,7 @@ class PendingTokens:
       return np.asarray(self._tokens)[:self._n].tolist()
 
 
-def place_params(mesh, params, num_layers: int = 0, layout: str = "stacked", splits: int = 1):
+def place_params(mesh, params, num_layers: int = 0, layout: str = "stacked"):
   """(shardings, params on the mesh's devices). `params` is a host pytree (device_put: each
   device copies its shards out of it) or a restorer, a callable with an `abstract` tree of
   shapes and dtypes (models.orbax_checkpoint.OrbaxParams) that, given the shardings, reads
@@ -73,7 +73,7 @@ def place_params(mesh, params, num_layers: int = 0, layout: str = "stacked", spl
     raise ValueError(f"the {layout} parameter layout needs a one-device mesh, not {mesh.size}")
   if callable(params):
     params = params(mesh_lib.param_shardings(mesh, params.abstract))
-  params = param_layout_lib.to_layout(params, num_layers, layout, splits)
+  params = param_layout_lib.to_layout(params, num_layers, layout)
   shardings = jax.tree_util.tree_map(lambda _: mesh_lib.replicated(mesh), params)
   return shardings, jax.device_put(params, shardings)
 
@@ -88,13 +88,12 @@ class Instance:
     self.name, self.role, self.cfg, self.opts = spec.name, spec.role, cfg, opts
     self.mesh = mesh_lib.instance_mesh(spec.devices)
     self.tp = len(spec.devices)
-    self.param_layout, self.matmul_splits = mesh_lib.param_layout(spec.devices,
-                                                                  opts.param_layout)
+    self.param_layout = mesh_lib.param_layout(spec.devices, opts.param_layout)
     self.geom = batch_lib.PageGeometry(opts.num_pages, opts.page_size, opts.pages_per_seq)
     self.tables = BlockTables(opts.num_pages, opts.page_size)
     self.dtype = jnp.dtype(opts.dtype)
     self._param_sh, self.params = place_params(self.mesh, params, cfg.num_layers,
-                                               self.param_layout, self.matmul_splits)
+                                               self.param_layout)
     self.kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_pool_spec())
     self._kv_sh = (self.kv_sharding, self.kv_sharding)
     self._rep = mesh_lib.replicated(self.mesh)
@@ -132,7 +131,7 @@ class Instance:
     tokens) -> (tokens [token_rows], kv), KV donated."""
     model = Llama(self.cfg, mode=kind, dtype=self.dtype,
                   attention=attn_lib.resolve_impl(self.opts.attention_impl, self.mesh),
-                  layout=self.param_layout, matmul_splits=self.matmul_splits)
+                  layout=self.param_layout)
     step = programs.bind_step(kind, model, seed=self.opts.seed,
                               layout=batch_lib.layout(example_batch), token_rows=self.token_rows)
     in_sh, out_sh = mesh_lib.step_shardings(self.mesh, self._param_sh)

@@ -8,7 +8,6 @@ instance's KV lives beside the heads that read it.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import numpy as np
@@ -37,27 +36,21 @@ def split_devices(devices, tiers: list[tuple[str, int, int]]) -> list[InstanceSp
   return specs
 
 
-MAX_MATMUL_SPLITS = 8
-
-
 PARAM_LAYOUTS = ("auto", "stacked", "unrolled")
 
 
-def param_layout(devices, requested: str = "auto") -> tuple[str, int]:
-  """(layout, matmul splits) of the parameters of an instance on these devices
-  (pdjax/models/param_layout.py; model.param_layout). "auto": on a CPU host a TP1 instance
-  holds them "unrolled", each matmul cut into one column block per core (XLA on CPU copies
-  scanned weights out of their stack, and runs one dot per thread: decode steps are faster,
-  compiles 3-5x slower); TPU, GPU and TP > 1 keep them "stacked". "unrolled" needs TP1."""
+def param_layout(devices, requested: str = "auto") -> str:
+  """The parameter layout of an instance on these devices (pdjax/models/param_layout.py;
+  model.param_layout). "auto": "unrolled" for a CPU TP1 instance (XLA on CPU copies scanned
+  weights out of their stack before each dot: decode steps are faster, compiles ~3x slower),
+  "stacked" on TPU, GPU and at TP > 1. "unrolled" needs TP1."""
   if requested not in PARAM_LAYOUTS:
     raise ValueError(f"model.param_layout={requested!r} is not one of {list(PARAM_LAYOUTS)}")
-  cpu_tp1 = devices[0].platform == "cpu" and len(devices) == 1
   if requested == "unrolled" and len(devices) > 1:
     raise ValueError(f"model.param_layout='unrolled' needs TP1 instances, not TP{len(devices)}")
-  if requested == "stacked" or (requested == "auto" and not cpu_tp1):
-    return "stacked", 1
-  splits = max(1, min(os.cpu_count() or 1, MAX_MATMUL_SPLITS)) if cpu_tp1 else 1
-  return "unrolled", splits
+  if requested == "auto":
+    return "unrolled" if devices[0].platform == "cpu" and len(devices) == 1 else "stacked"
+  return requested
 
 
 def instance_mesh(devices) -> Mesh:

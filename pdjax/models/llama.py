@@ -28,7 +28,6 @@ from kernels_pallas import xla_attention
 from kernels_pallas.attention_ops import AttentionOps
 from pdjax.models.llama_config import LlamaConfig
 from pdjax.models.param_layout import LAYOUTS
-from pdjax.models.split_dense import SplitDense, SplitEmbed
 
 MODES = ("prefill", "decode", "dense")
 
@@ -110,7 +109,6 @@ class DecoderLayer(nn.Module):
   mode: str
   dtype: jnp.dtype = jnp.float32
   attention: AttentionOps = AttentionOps()
-  matmul_splits: int = 1
 
   @nn.compact
   def __call__(self, carry, layer, meta):
@@ -118,13 +116,8 @@ class DecoderLayer(nn.Module):
     layer's index into the pools."""
     x, kv = carry
     cfg, dt = self.cfg, self.dtype
-    splits = self.matmul_splits
-
-    def dense(feats, name, axis=-1):
-      if splits > 1:
-        return SplitDense(feats, axis=axis, dtype=dt, splits=splits, name=name)
-      return nn.DenseGeneral(feats, axis=axis, use_bias=False, dtype=dt, param_dtype=dt,
-                             name=name)
+    dense = lambda feats, name, axis=-1: nn.DenseGeneral(
+        feats, axis=axis, use_bias=False, dtype=dt, param_dtype=dt, name=name)
 
     def biased(y, name, on):   # a separate param, so the TP layout of the kernel is untouched
       if not on:
@@ -170,7 +163,6 @@ class Llama(nn.Module):
   attention: AttentionOps = AttentionOps()   # which paged attention runs
   layout: str = "stacked"   # how the params are held (param_layout.py): "stacked" layers run
                             # by nn.scan, or "unrolled" (one tree per layer; CPU TP1)
-  matmul_splits: int = 1    # column blocks per matmul, "unrolled" only (split_dense.py)
 
   @nn.compact
   def __call__(self, tokens, kv, meta, logits_indices):
@@ -186,18 +178,12 @@ class Llama(nn.Module):
                          f"implemented)")
     if self.layout not in LAYOUTS:
       raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-    unrolled = self.layout == "unrolled"
-    splits = self.matmul_splits if unrolled else 1
-    if splits > 1 and cfg.tie_word_embeddings:
-      embed = SplitEmbed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, splits=splits,
-                         name="embed_tokens")
-    else:
-      embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype,
-                       param_dtype=self.dtype, name="embed_tokens")
+    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype,
+                     param_dtype=self.dtype, name="embed_tokens")
     x = embed(tokens)
-    if unrolled:   # one layer body per layer, each reading its own parameter arrays
+    if self.layout == "unrolled":   # one layer body per layer, each reading its own arrays
       for layer in range(cfg.num_layers):
-        (x, kv), _ = DecoderLayer(cfg, self.mode, self.dtype, self.attention, splits,
+        (x, kv), _ = DecoderLayer(cfg, self.mode, self.dtype, self.attention,
                                   name=f"layers_{layer}")((x, kv), jnp.int32(layer), meta)
     else:
       layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
@@ -208,8 +194,6 @@ class Llama(nn.Module):
     x = x[logits_indices]
     if cfg.tie_word_embeddings:
       logits = embed.attend(x)
-    elif splits > 1:
-      logits = SplitDense(cfg.vocab_size, dtype=self.dtype, splits=splits, name="lm_head")(x)
     else:
       logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype,
                         param_dtype=self.dtype, name="lm_head")(x)

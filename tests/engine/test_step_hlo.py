@@ -16,7 +16,7 @@ from pdjax.engine.instance import Instance
 # so the attention walks its pages in a loop (64-page blocks)
 POOL = r"f32\[2,4,(256,8|2048),16\]"
 LAYER = r"f32\[(1,)?4,(256,8|2048),16\]"     # one layer of a pool
-WEIGHT = r"f32\[(128,64|128,128|128,256|256,128|128,512)\]"   # kernel blocks and matrices
+WEIGHT = r"f32\[(128,128|128,8,16|128,4,16|8,16,128|128,256|256,128|128,512)\]"   # a layer's kernels
 
 
 def _decode_hlo(tiny_model, batch: int, layout: str) -> str:

@@ -90,7 +90,7 @@ def test_restore_equals_hf_load_bit_for_bit(checkpoints, stored, dtype, tp):
     assert [s.data.shape for s in y.addressable_shards] == [s.data.shape
                                                              for s in x.addressable_shards]
     assert _bits(y) == _bits(x), name
-  host = to_layout(as_host(restored), cfg.num_layers, a.param_layout, a.matmul_splits)
+  host = to_layout(as_host(restored), cfg.num_layers, a.param_layout)
   assert jax.tree_util.tree_map(_bits, host) == jax.tree_util.tree_map(_bits, a.params)
 
 

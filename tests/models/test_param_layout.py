@@ -1,5 +1,4 @@
-"""The CPU parameter layout (pdjax/models/param_layout.py, split_dense.py): one tree per layer,
-matmul kernels in column blocks, a tied embedding in row blocks; bitwise the same model."""
+"""The CPU parameter layout (pdjax/models/param_layout.py): one tree per layer, the same model."""
 
 import dataclasses
 
@@ -11,41 +10,39 @@ import pytest
 from pdjax.engine import mesh as mesh_lib
 from pdjax.models.llama import Llama
 from pdjax.models.param_layout import to_layout
-from pdjax.models.split_dense import SplitEmbed, column_blocks
-
-
-def test_column_blocks():
-  assert column_blocks(10, 3) == [(0, 3), (3, 7), (7, 10)]
-  assert column_blocks(2, 4) == [(0, 1), (1, 2)]
-  assert column_blocks(576, 1) == [(0, 576)]
 
 
 def test_to_layout_structure(tiny_model):
   cfg, params = tiny_model          # 2 layers, hidden 128, 8 heads / 4 kv heads of 16, MLP 256
-  out = to_layout(params, cfg.num_layers, "unrolled", 2)["params"]
+  out = to_layout(params, cfg.num_layers, "unrolled")["params"]
   assert sorted(out) == ["embed_tokens", "layers_0", "layers_1", "lm_head", "norm"]
   layer = out["layers_1"]
-  assert {k: v.shape for k, v in layer["q_proj"].items()} == {"kernel_0": (128, 64),
-                                                              "kernel_1": (128, 64)}
-  assert {k: v.shape for k, v in layer["o_proj"].items()} == {"kernel_0": (128, 64),
-                                                              "kernel_1": (128, 64)}
+  assert layer["q_proj"]["kernel"].shape == (128, 8, 16)
+  assert layer["o_proj"]["kernel"].shape == (8, 16, 128)
   assert layer["input_layernorm"]["weight"].shape == (128,)
-  np.testing.assert_array_equal(
-      np.concatenate([layer["down_proj"]["kernel_0"], layer["down_proj"]["kernel_1"]], 1),
-      params["params"]["layers"]["down_proj"]["kernel"][1])
-  assert out["lm_head"]["kernel_1"].shape == (128, 256)
-  assert out["embed_tokens"] is params["params"]["embed_tokens"]   # untied: the table as is
+  np.testing.assert_array_equal(layer["down_proj"]["kernel"],
+                                params["params"]["layers"]["down_proj"]["kernel"][1])
+  assert out["lm_head"] is params["params"]["lm_head"]
   assert to_layout(params, cfg.num_layers, "stacked") is params
   with pytest.raises(ValueError, match="^layout: expected one of"):
     to_layout(params, cfg.num_layers, "flat")
 
 
+def test_a_layers_own_param_is_cut_by_layer(tiny_model):
+  """Qwen2's q/k/v biases are arrays [L, ...] directly under "layers"."""
+  cfg, params = tiny_model
+  bias = np.arange(2 * 8 * 16, dtype=np.float32).reshape(2, 8, 16)
+  tree = {"params": {**params["params"], "layers": {**params["params"]["layers"],
+                                                    "q_bias": bias}}}
+  out = to_layout(tree, cfg.num_layers, "unrolled")["params"]
+  np.testing.assert_array_equal(out["layers_1"]["q_bias"], bias[1])
+
+
 @pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("splits", [1, 2, 3])
-def test_unrolled_model_matches_the_stacked_one(tiny_model, tied, splits):
-  """Dense (no-cache) logits of 12 tokens. Unrolled and scanned layers, and one matmul or its
-  column blocks, are compiled into different kernels (float32 rounding at the 1e-7 level):
-  they agree to within 1e-5 (greedy tokens: the engine's HF parity tests)."""
+def test_unrolled_model_matches_the_stacked_one(tiny_model, tied):
+  """Dense (no-cache) logits of 12 tokens. Unrolled and scanned layers are compiled into
+  different kernels (float32 rounding at the 1e-7 level): they agree to within 1e-5 (greedy
+  tokens: the engine's HF parity tests)."""
   cfg, params = tiny_model
   if tied:
     cfg = dataclasses.replace(cfg, tie_word_embeddings=True)
@@ -54,26 +51,16 @@ def test_unrolled_model_matches_the_stacked_one(tiny_model, tied, splits):
   meta = {"positions": jnp.arange(12)}
   last = jnp.arange(12)
   stacked = Llama(cfg, mode="dense").apply(params, tokens, (), meta, last)[0]
-  def unrolled(s):
-    return np.asarray(Llama(cfg, mode="dense", layout="unrolled", matmul_splits=s).apply(
-        to_layout(params, cfg.num_layers, "unrolled", s), tokens, (), meta, last)[0])
-  np.testing.assert_allclose(unrolled(splits), np.asarray(stacked), rtol=1e-5, atol=1e-5)
-
-
-def test_split_embedding_looks_up_every_block():
-  table = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
-  embed = SplitEmbed(7, 3, splits=3)
-  blocks = {f"embedding_{i}": table[a:b] for i, (a, b) in enumerate(column_blocks(7, 3))}
-  got = embed.apply({"params": blocks}, jnp.array([0, 2, 3, 6, 4], jnp.int32))
-  np.testing.assert_array_equal(np.asarray(got), table[[0, 2, 3, 6, 4]])
+  unrolled = Llama(cfg, mode="dense", layout="unrolled").apply(
+      to_layout(params, cfg.num_layers, "unrolled"), tokens, (), meta, last)[0]
+  np.testing.assert_allclose(np.asarray(unrolled), np.asarray(stacked), rtol=1e-5, atol=1e-5)
 
 
 def test_layout_by_platform_and_tp():
   cpu = jax.devices()
-  cores = min(__import__("os").cpu_count(), mesh_lib.MAX_MATMUL_SPLITS)
-  assert mesh_lib.param_layout(cpu[:1]) == ("unrolled", cores)
-  assert mesh_lib.param_layout(cpu[:2]) == ("stacked", 1)
-  assert mesh_lib.param_layout(cpu[:1], "stacked") == ("stacked", 1)
+  assert mesh_lib.param_layout(cpu[:1]) == "unrolled"
+  assert mesh_lib.param_layout(cpu[:2]) == "stacked"
+  assert mesh_lib.param_layout(cpu[:1], "stacked") == "stacked"
   with pytest.raises(ValueError) as e:
     mesh_lib.param_layout(cpu[:2], "unrolled")
   assert str(e.value) == "model.param_layout='unrolled' needs TP1 instances, not TP2"
