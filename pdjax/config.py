@@ -14,6 +14,7 @@ from pdjax.kv.host_tier import HOST_TIER_POLICIES
 from pdjax.kv.prefix_cache import EVICTION_POLICIES
 from pdjax.models.llama_config import PRESETS, LlamaConfig, config_from_hf
 from pdjax.models.orbax_checkpoint import checkpoint_format
+from pdjax.models.param_layout import LAYOUTS
 from pdjax.scheduler import policies as policy_lib
 from pdjax.workload.loader import validate_workload
 
@@ -237,8 +238,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(cfg.model.attention_impl in ("auto", "pallas", "xla"), "model.attention_impl",
            cfg.model.attention_impl, "is not one of ['auto', 'pallas', 'xla']")
   layout = cfg.model.get("param_layout", "auto")
-  _require(layout in ("auto", "stacked", "unrolled"), "model.param_layout", layout,
-           "is not one of ['auto', 'stacked', 'unrolled']")
+  layouts = ["auto", *LAYOUTS]
+  _require(layout in layouts, "model.param_layout", layout, f"is not one of {layouts}")
   mcfg = model_config(cfg)
   check_tokenizer(cfg, mcfg)
 

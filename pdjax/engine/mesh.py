@@ -13,6 +13,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from pdjax.models.param_layout import LAYOUTS
+
 TP_AXIS = "tp"
 
 
@@ -36,7 +38,7 @@ def split_devices(devices, tiers: list[tuple[str, int, int]]) -> list[InstanceSp
   return specs
 
 
-PARAM_LAYOUTS = ("auto", "stacked", "unrolled")
+PARAM_LAYOUTS = ("auto",) + LAYOUTS   # model.param_layout
 
 
 def param_layout(devices, requested: str = "auto") -> str:

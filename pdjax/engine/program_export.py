@@ -150,8 +150,9 @@ def _abstract(x):
 
 
 def _jitted(case: ProgramCase):
-  """(jitted function, abstract arguments, kv argument indices) of the case's program, as
-  Instance would compile it, on an AbstractMesh of case.tp devices."""
+  """(jitted function, abstract arguments, index of the first KV pool among the flattened
+  inputs) of the case's program, as Instance would compile it, on an AbstractMesh of case.tp
+  devices."""
   model, o = case.model, case.model.opts
   mesh = AbstractMesh((case.tp,), (mesh_lib.TP_AXIS,))
   dtype = jnp.dtype(o.dtype)

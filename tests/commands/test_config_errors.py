@@ -55,6 +55,10 @@ CASES = [
      "config error: cluster.ray_accelerator='npu' is not one of ['auto', 'cpu', 'gpu', 'tpu']"),
     (["--config.output.trace_steps=some"],
      "config error: output.trace_steps='some' is not one of ['auto', 'full']"),
+    (["--config.model.param_layout=flat"],
+     "config error: model.param_layout='flat' is not one of ['auto', 'stacked', 'unrolled']"),
+    (["--config.model.param_layout=unrolled"],
+     "config error: cluster.prefill.tp=2 must be 1 with model.param_layout='unrolled'"),
     (["--config.workload.rate=abc"],
      "config error: flag --config.workload.rate=abc: could not convert string to float: 'abc'"),
 ]
