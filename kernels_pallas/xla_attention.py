@@ -21,8 +21,11 @@ import jax.numpy as jnp
 from jax import lax
 
 # Keys per block: a static size, independent of pages_per_seq (so a wider block table changes
-# nothing but its own padding). Decode: the scores of a block are [B, H, tokens], small.
-_DECODE_BLOCK_TOKENS = 512
+# nothing but its own padding). Decode: the scores of a block are [B, H, tokens], small; a
+# block is read whole whatever the context, so a short context pays for up to a block of
+# padding: at 128 tokens a batch-4 SmolLM2 step on a 2-core CPU is 15-20% faster than at 512
+# (context 128 of max_model_len 1024), and no slower at context 900 (BENCHMARKS.md, issue 28).
+_DECODE_BLOCK_TOKENS = 128
 # Ragged: the scores of a block are [rows, H, tokens] over every query row at once; the block
 # shrinks as rows grow so that they stay near this many float32 elements (8 MiB).
 _RAGGED_SCORE_ELEMENTS = 1 << 21

@@ -13,7 +13,7 @@ from pdjax.engine import mesh as mesh_lib
 from pdjax.engine.instance import Instance
 
 # tiny: 2 layers, 4 kv heads, 256 pages of 8 tokens, head_dim 16; a block table of 128 pages,
-# so the attention walks its pages in a loop (64-page blocks)
+# so the attention walks its pages in a loop (16-page blocks of 128 tokens)
 POOL = r"f32\[2,4,(256,8|2048),16\]"
 LAYER = r"f32\[(1,)?4,(256,8|2048),16\]"     # one layer of a pool
 WEIGHT = r"f32\[(128,128|128,8,16|128,4,16|8,16,128|128,256|256,128|128,512)\]"   # a layer's kernels
@@ -58,3 +58,12 @@ def test_a_decode_step_copies_no_pool_and_no_layer_of_it(tiny_model, batch, layo
 def test_the_unrolled_layout_feeds_its_weights_to_the_dots_in_place(tiny_model):
   hlo = _decode_hlo(tiny_model, 1, "unrolled")
   assert _produced(hlo, WEIGHT, "copy|fusion|dynamic-slice|slice|transpose") == []
+
+
+def test_a_decode_step_reads_keys_128_tokens_at_a_time(tiny_model):
+  """A block is read whole whatever the context: 512-token blocks made a 128-token context
+  read 4x its keys (a batch-4 SmolLM2 step 15-20% slower at max_model_len 1024). The gather
+  of one block: batch 4 x 16 pages of 8 tokens, one layer, 4 kv heads, head_dim 16."""
+  hlo = _decode_hlo(tiny_model, 4, "unrolled")
+  blocks = set(re.findall(r"= f32\[(\d+),1,4,1,8,16\]\S* gather\(", hlo))
+  assert blocks == {str(4 * 16)}
