@@ -25,6 +25,7 @@ from pdjax.engine import attention as attn_lib
 from pdjax.engine import batch as batch_lib
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
+from pdjax.engine import ready_wait
 from pdjax.engine.options import EngineOptions  # noqa: F401  (re-exported)
 from pdjax.engine.runtime import compile_lowered, device_errors
 from pdjax.kv.pages import BlockTables
@@ -41,6 +42,11 @@ class PendingTokens:
   def __init__(self, tokens, n: int, build_s: float = 0.0, dispatch_s: float = 0.0):
     self._tokens, self._n = tokens, n
     self.build_s, self.dispatch_s = build_s, dispatch_s
+
+  wait_any = staticmethod(ready_wait.wait_any)   # the driver blocks instead of polling
+
+  def arrays_to_wait(self) -> list:
+    return [self._tokens]
 
   @property
   def device_tokens(self):

@@ -37,6 +37,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
+from pdjax.engine import ready_wait
 from pdjax.engine.runtime import device_errors
 from pdjax.engine.transfer_plan import (Plan, slot_sizes, transfer_pieces,  # noqa: F401
                                         transfer_plan)
@@ -198,6 +199,11 @@ class PendingTransfer:
     self.pieces = list(pages) if isinstance(pages, (list, tuple)) else [pages]
     self.start, self.bytes_needed = start, bytes_needed
     self._seconds: float | None = None
+
+  wait_any = staticmethod(ready_wait.wait_any)
+
+  def arrays_to_wait(self) -> list:
+    return self.pieces
 
   @property
   def bytes_moved(self) -> int:

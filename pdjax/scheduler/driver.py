@@ -332,9 +332,10 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
 
   def _block(self, inflight: list[InstanceQueue], wake: float | None) -> None:
     """Waits a little for something in flight: POLL_S, or, when every pending object offers
-    the same `wait_any(pendings, timeout_s)` (Ray futures: pdjax/distributed), blocks in it
-    until one may be ready, at most BLOCK_MAX_S (so deadlines and wake-ups stay on time) —
-    a polling driver would take CPU from the instances' processes."""
+    the same `wait_any(pendings, timeout_s)` (the engine's steps and transfers:
+    pdjax/engine/ready_wait.py; Ray futures: pdjax/distributed), blocks in it until one may
+    be ready, at most BLOCK_MAX_S (so deadlines and wake-ups stay on time) — a polling driver
+    takes CPU from the steps it waits for (in this process or the instances')."""
     pendings = ([w.inflight.pending for w in inflight]
                 + [t for *_, t in self._pending_transfers]
                 + [p for _, p in self._restarting.values()])
