@@ -2,7 +2,10 @@
 same program with one phase taken out, and the phases alone, at several batch sizes.
 
   python benchmarks/decode_profile.py [--batches=1,4,64] [--context=128] [--reps=20]
-      [--checkpoint=DIR] [--tp=1] [--layout=auto|stacked|unrolled] [--out=FILE.json]
+      [--checkpoint=DIR] [--tp=1] [--layout=auto|stacked|unrolled] [--num_pages=N]
+      [--max_model_len=N]
+      [--prefill_len=N --prefill_bucket=128]
+      [--out=FILE.json]
 
 Model: SmolLM2-135M-Instruct (pdjax.text.gguf.smollm2_folder(), or --checkpoint), float32, the
 XLA attention (the CPU default), one instance of --tp devices. Each batch row is a sequence of
@@ -29,7 +32,7 @@ import os
 import platform
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # PYTHONPATH wins
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from transfer import median_s  # noqa: E402  (the benchmarks' median of timed runs)
@@ -44,6 +47,13 @@ def main() -> None:
   parser.add_argument("--tp", type=int, default=1)
   parser.add_argument("--layout", default="auto", help="model.param_layout: auto, stacked, "
                       "unrolled")
+  parser.add_argument("--num_pages", type=int, default=0, help="KV pool pages (default: just "
+                      "the largest batch's; the server's smollm2 config has 512)")
+  parser.add_argument("--max_model_len", type=int, default=0, help="tokens a block table "
+                      "holds (default: just past --context; the server's smollm2 config: 1024)")
+  parser.add_argument("--prefill_len", type=int, default=0, help="also time a prefill of one "
+                      "prompt of this many tokens, in a bucket of --prefill_bucket")
+  parser.add_argument("--prefill_bucket", type=int, default=128)
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
   batches = [int(b) for b in args.batches.split(",")]
@@ -69,10 +79,12 @@ def main() -> None:
   cfg = config_from_hf(checkpoint)
   params = host_params(cfg, checkpoint=checkpoint, seed=0, dtype="float32")
   page_size = 16
-  max_len = -(-(args.context + 16) // page_size) * page_size
+  max_len = -(-max(args.context + 16, args.max_model_len) // page_size) * page_size
   pages_per_seq = max_len // page_size
-  opts = EngineOptions(page_size=page_size, num_pages=max(batches) * pages_per_seq,
-                       max_model_len=max_len, prefill_buckets=(16,), max_prefill_seqs=1,
+  opts = EngineOptions(page_size=page_size,
+                       num_pages=max(args.num_pages, max(batches) * pages_per_seq),
+                       max_model_len=max_len, max_prefill_seqs=1,
+                       prefill_buckets=(16,) + ((args.prefill_bucket,) if args.prefill_len else ()),
                        decode_buckets=tuple(batches), dtype="float32", attention_impl="xla",
                        param_layout=args.layout, lazy_compile=True)
   spec = mesh_lib.split_devices(jax.devices(), [("colocated", 1, args.tp)])[0]
@@ -133,10 +145,16 @@ def main() -> None:
     rows[b] = r
     print(f"batch {b}: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({v / r['step']:.0%})"
                                       for k, v in r.items()), flush=True)
+  if args.prefill_len:
+    prompt = [(list(range(3, 3 + args.prefill_len)), 0, list(range(pages_per_seq)), 0.0, 0, 1.0)]
+    ms = median_s(lambda: inst.prefill(prompt).result(), args.reps) * 1e3
+    print(f"prefill 1 x {args.prefill_len} tokens (bucket {args.prefill_bucket}): {ms:.1f} ms",
+          flush=True)
   machine = f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} " \
             f"{jax.default_backend()}"
   print(f"SmolLM2-135M float32, XLA attention, tp={args.tp}, layout {inst.param_layout} "
-        f"context {args.context}, "
+        f"context {args.context}, {opts.num_pages} pages, "
+        f"max_model_len {opts.max_model_len}, "
         f"median of {args.reps}; {machine}")
   if args.out:
     with open(args.out, "w") as f:
