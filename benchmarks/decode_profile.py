@@ -142,9 +142,16 @@ def main() -> None:
                                       jnp.ones(b)))
     r["sampling"] = median_s(lambda: greedy(logits).block_until_ready(), args.reps)
     r["matmuls"] = median_s(_matmuls(params, x, cfg, inst.param_layout), args.reps)
+    r.update(_rooflines(params, cfg, b, args.context, r["step"]))
     rows[b] = r
     print(f"batch {b}: " + ", ".join(f"{k} {v * 1e3:.2f} ms ({v / r['step']:.0%})"
-                                      for k, v in r.items()), flush=True)
+                                      for k, v in r.items() if not k.startswith("roofline")),
+          flush=True)
+    print(f"batch {b}: step / memory-bandwidth roofline {r['roofline_bandwidth']:.2f} "
+          f"({r['roofline_bytes'] / 1e6:.0f} MB a step at {r['roofline_gbps']:.1f} GB/s, numpy "
+          f"copy now); step / compute roofline {r['roofline_compute']:.2f} "
+          f"({r['roofline_flops'] / 1e9:.1f} GFLOP at {r['roofline_gflops']:.0f} GFLOP/s, numpy "
+          f"float32 matmul now)", flush=True)
   if args.prefill_len:
     prompt = [(list(range(3, 3 + args.prefill_len)), 0, list(range(pages_per_seq)), 0.0, 0, 1.0)]
     ms = median_s(lambda: inst.prefill(prompt).result(), args.reps) * 1e3
@@ -159,6 +166,37 @@ def main() -> None:
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"machine": machine, "context": args.context, "rows": rows}, f, indent=1)
+
+
+def _rooflines(params, cfg, b: int, context: int, step_s: float) -> dict:
+  """The step against what this machine's memory and arithmetic allow, measured now: bytes a
+  step must read (every weight once, the batch's K/V of `context` tokens) over numpy's copy
+  bandwidth of a 256 MB array (read + write counted), and its FLOPs (2 per weight per row,
+  the attention's 4 per cached element) over numpy's float32 matmul rate (2048^3). Each value
+  is the roofline time over the step: 1.0 means the step runs at that limit."""
+  import time
+  import jax
+  import numpy as np
+  weights = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+  kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * context * b
+  nbytes = 4 * (weights + kv)
+  flops = 2 * weights * b + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context * b
+
+  def best(fn, reps=5):
+    fn()
+    times = []
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      fn()
+      times.append(time.perf_counter() - t0)
+    return min(times)
+  src, dst = np.ones(64 << 20, np.float32), np.empty(64 << 20, np.float32)
+  gbps = 2 * src.nbytes / best(lambda: np.copyto(dst, src)) / 1e9
+  a = np.ones((2048, 2048), np.float32)
+  gflops = 2 * 2048 ** 3 / best(lambda: a @ a) / 1e9
+  return {"roofline_bytes": nbytes, "roofline_gbps": gbps,
+          "roofline_bandwidth": nbytes / (gbps * 1e9) / step_s, "roofline_flops": flops,
+          "roofline_gflops": gflops, "roofline_compute": flops / (gflops * 1e9) / step_s}
 
 
 def _matmuls(params, x, cfg, layout: str):
