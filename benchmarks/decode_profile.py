@@ -22,6 +22,9 @@ the host (what the driver waits for):
   matmuls      the 30 layers' projections and MLP alone, in the instance's parameter layout
                (stacked: one scanned body; unrolled: one body per layer).
 Shares are of `step`; the ablated rows overlap (XLA fuses across phases), so they need not sum.
+Then, per batch, the step against this machine's rooflines measured in the same run: the bytes
+it must read (every weight once, the batch's K/V) over numpy's copy bandwidth, and its FLOPs
+over numpy's float32 matmul rate (1.0 = the step runs at that limit).
 """
 
 from __future__ import annotations
