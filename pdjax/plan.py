@@ -19,6 +19,10 @@ attainment over a short window). A search that finds no failing rate up to its c
 workload is planned from its rows' lengths at Poisson rates (planning/workload_mix.py). KV
 pages per instance come from the chips' memory left after the weights (plan.mem_util of HBM).
 
+The placements' searches (and the map's walks) run in a pool of plan.workers processes (0, the
+default: one per core; 1: in-process), results in the placements' order, so the files are the
+same whatever the pool (planning/pool.py).
+
 Writes DIR/plan.md and plan.csv (ranked; `saturated` says whether a failing rate was found),
 plots/plan.png, and prints what ran, the best colocated, chunked and disaggregated placements
 side by side, and why any placement has no number.
@@ -33,6 +37,7 @@ phase diagram per model and hardware (pdjax/planning/map_mode.py; default DIR: m
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -41,8 +46,8 @@ from absl import app, flags, logging
 from pdjax import config as config_lib
 from pdjax.cli import define_config_and_workdir, fail, parse_flags
 from pdjax.planning import plan_output, workload_mix
-from pdjax.planning.placement_runs import (check_plan, evaluate, fits, sustains, tp_ok,
-                                           warn_if_tiny)
+from pdjax.planning.placement_runs import (check_plan, evaluate, fits, placement_config,
+                                           sustains, tp_ok, warn_if_tiny)
 from pdjax.planning.search import PlanRow, placements, rate_cap, search
 from pdjax.runner.outputs import default_workdir
 
@@ -102,9 +107,12 @@ def main(argv) -> None:
       found = f"no failing rate up to {rate_cap(p.rate_hi):g} req/s"
     print(f"[{len(done)}/{len(candidates)}] {row.placement.run} {row.placement.describe()}: "
           f"{found}", file=sys.stderr)
-  rows = search(candidates, lambda c, r: evaluate(sim_cfg, mcfg, c, r, trace),
+  rows = search(candidates, functools.partial(evaluate, sim_cfg, mcfg, trace=trace),
                 sustains(sim_cfg), lo=p.rate_lo, hi=p.rate_hi, rel_tol=p.rel_tol,
-                on_result=progress)
+                on_result=progress, workers=int(p.get("workers", 0)))
+  if trace is not None:   # DIR's resampled rows as an in-process search leaves them
+    last = next(r for r in rows if r.placement == candidates[-1])
+    placement_config(sim_cfg, mcfg, candidates[-1], last.search.tried[-1], trace)
   header = [f"command: `{command}`",
             *plan_output.what_ran(sim_cfg, mcfg, plan_output.workload_text(sim_cfg, trace))]
   print(plan_output.write_outputs(workdir, rows, sim_cfg, header))

@@ -16,6 +16,9 @@ are placement_runs.evaluate's, as `pdjax.plan`'s, so a map and a plan of the sam
 The mix `workload` (or `config`) on a trace workload offers the trace's lengths, resampled, at
 Poisson rates (workload_mix.TraceLengths, written to DIR/workload_resampled.jsonl).
 
+The walks run in a pool of plan.workers processes (planning/map_walks.py, pool.py; 0: one per
+core), their runs kept in the map's order whatever the pool.
+
 Writes DIR/map.csv, map.md (opening with what ran: backend, models, mixes, SLO grid, seed; each
 mix's length percentiles above its diagrams), runs.csv, runs.npz (the per-request arrays) and
 plots/map_<model>_<hardware>.png. plan.map_runs=DIR re-evaluates a previous map's runs on the
@@ -32,8 +35,9 @@ import time
 import numpy as np
 
 from pdjax.config import ConfigError
-from pdjax.planning import capacity, map_output, mixes, placement_runs, workload_mix
-from pdjax.planning.map_search import Lattice, loosest_answer, map_placements, walk
+from pdjax.planning import (capacity, map_output, map_walks, mixes, placement_runs,
+                            workload_mix)
+from pdjax.planning.map_search import Lattice, map_placements
 from pdjax.planning.slo_grid import RunRecord, cells
 
 
@@ -129,16 +133,18 @@ def combo(cfg, model: str, hw: str, mix: str, workdir: str = "", lengths: bool =
 
 
 def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "") -> dict:
-  """Runs the map's simulations; returns {(model, hardware, mix): [(kind, placement, chips,
-  records)]} and appends runs.csv rows to runs_out and arrays to `arrays`."""
+  """Runs the map's simulations (map_walks: in-process or in a pool of plan.workers
+  processes); returns {(model, hardware, mix): [(kind, placement, chips, records)]} and
+  appends runs.csv rows to runs_out and arrays to `arrays`, in the map's order whatever the
+  pool."""
   p = cfg.plan
   slo_cells = [(t, q) for t in s.ttft_grid for q in s.tpot_grid]
-  out = {}
+  start = s.lattice.nearest(s.rate_start)   # low: see map_search
+  keys, tasks = [], []
   for model in s.models:
     for hw in s.hardware:
       for mix in s.mixes:
         c, mcfg, trace = combo(cfg, model, hw, mix, workdir)
-        t0 = time.time()
         cands = map_placements(p.chip_budget, p.tp_choices,
                                lambda t: placement_runs.tp_ok(mcfg, t),
                                lambda pl: (placement_runs.fits(c, mcfg, pl)
@@ -146,35 +152,35 @@ def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "
                                tp_count=p.map_tp_count,
                                full_budget=p.map_full_budget, max_disagg=p.map_max_disagg)
         _log(f"{model} {hw} {mix}: {len(cands)} placements")
-        entries, start = [], s.lattice.nearest(s.rate_start)   # low: see map_search
-        for pl in cands:
-          def evaluate(per_chip: float, pl=pl) -> RunRecord:
-            rate = per_chip * pl.chips
-            t = time.time()
-            rec = placement_runs.evaluate(c, mcfg, pl, rate, trace)
-            i = len(runs_out)
-            arrays.update({f"r{i}_ttft": rec.ttft, f"r{i}_tpot": rec.tpot,
-                           f"r{i}_judged": rec.judged})
-            runs_out.append({"model": model, "hardware": hw, "mix": mix, "run": pl.run,
-                             "placement": pl.describe(), "chips": pl.chips,
-                             "rate_rps": round(rate, 6), "rate_per_chip": round(per_chip, 6),
-                             "requests": len(rec.ttft),
-                             "attainment_loosest": round(rec.attainment(*slo_cells[-1]), 4),
-                             "wall_s": round(time.time() - t, 2)})
-            _log(f"    {pl.describe()} at {per_chip:.3g} req/s/chip: {len(rec.ttft)} requests, "
-                 f"loosest-SLO attainment {runs_out[-1]['attainment_loosest']:.3f} "
-                 f"({runs_out[-1]['wall_s']:.1f} s)")
-            return rec
-          records = walk(evaluate, s.lattice, start, slo_cells, cfg.slo.attainment)
-          best = loosest_answer(records, slo_cells, cfg.slo.attainment)
-          entries.append((pl.run, pl.describe(), pl.chips,
-                          [records[k] for k in sorted(records)]))
-          rate = "none" if best is None else f"{s.lattice.rate(best):.3g}"
-          _log(f"  {pl.run} {pl.describe()}: {len(records)} rates, loosest SLO met up to "
-               f"{rate} req/s/chip")
-        _log(f"  {time.time() - t0:.0f} s")
-        out[(model, hw, mix)] = entries
+        keys.append((model, hw, mix))
+        tasks += [map_walks.WalkTask((model, hw, mix), c, mcfg, trace, pl, s.lattice, start,
+                                     slo_cells, cfg.slo.attainment) for pl in cands]
+  t0 = time.time()
+  results = map_walks.run_walks(tasks, workers(cfg))
+  out = {key: [] for key in keys}
+  for task, (runs, records) in zip(tasks, results):
+    model, hw, mix = task.key
+    pl = task.placement
+    for run in runs:
+      i = len(runs_out)
+      arrays.update({f"r{i}_ttft": run.record.ttft, f"r{i}_tpot": run.record.tpot,
+                     f"r{i}_judged": run.record.judged})
+      runs_out.append({"model": model, "hardware": hw, "mix": mix, "run": pl.run,
+                       "placement": pl.describe(), "chips": pl.chips,
+                       "rate_rps": round(run.rate, 6), "rate_per_chip": round(run.per_chip, 6),
+                       "requests": len(run.record.ttft),
+                       "attainment_loosest": round(run.record.attainment(*slo_cells[-1]), 4),
+                       "wall_s": run.wall_s})
+    out[task.key].append((pl.run, pl.describe(), pl.chips,
+                            [records[k] for k in sorted(records)]))
+  _log(f"  {time.time() - t0:.0f} s")
   return out
+
+
+def workers(cfg) -> int:
+  """plan.workers (0, also where a config lacks the key: one process per core; 1:
+  in-process)."""
+  return int(cfg.plan.get("workers", 0))
 
 
 def load_runs(path: str) -> tuple[dict, list, dict]:

@@ -5,10 +5,12 @@ k = 0..k_max (rate_k <= rate_max). For one placement the walk starts at a lattic
   - climbs while the loosest SLO cell (largest TTFT and TPOT targets, the one a higher rate
     passes longest) is still met (RunRecord.meets: stable, attainment >= the target),
     stopping at the first rate that fails;
-  - then descends below the start until every cell passes, or until a lower rate improves no
-    failing cell's attainment by more than IMPROVED over the rate above it (those cells are at
-    their unloaded floor: lower rates would not make them pass), or rate_min; while the loosest
-    cell fails, the start was above capacity and the descent goes on regardless.
+  - then descends below the start until every cell is met by some rate tried (a lower rate
+    cannot change a met cell's answer, its highest meeting rate), or until a lower rate
+    improves no unmet cell's attainment by more than IMPROVED over the rate above it (those
+    cells are at their unloaded floor: lower rates would not make them pass), or rate_min;
+    while the loosest cell fails, the start was above capacity and the descent goes on
+    regardless.
 Every cell's goodput is then the highest rate tried that meets it (slo_grid.goodput). A cell
 whose answer lies between two lattice points reads the lower one: the map's resolution is the
 lattice factor.
@@ -61,12 +63,15 @@ def walk(evaluate: Callable[[float], RunRecord], lattice: Lattice, start: int,
     k += 1
   above = records[start]
   for k in range(start - 1, -1, -1):
-    if all(above.meets(*c, target) for c in slo_cells):
+    # A lower rate changes only the answer of a cell no rate tried meets yet: a cell's
+    # goodput is the highest rate meeting it (slo_grid.goodput).
+    unmet = [c for c in slo_cells if not any(r.meets(*c, target) for r in records.values())]
+    if not unmet:
       break
     records[k] = now = evaluate(lattice.rate(k))
     if now.meets(*loosest, target) and not any(
         now.attainment(*c) > above.attainment(*c) + IMPROVED
-        for c in slo_cells if not now.meets(*c, target)):
+        for c in unmet if not now.meets(*c, target)):
       break
     above = now
   return records

@@ -14,6 +14,7 @@ lower bound, and ranking by it would rank the cap.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable
 
 from pdjax.metrics.goodput import next_rate_to_try
@@ -67,6 +68,7 @@ class RateSearch:
   records: list             # what evaluate returned, by rate
   passed: list[bool]        # passes(record) of each record
   saturated: bool           # a failing rate was found above `rate`
+  tried: list = dataclasses.field(default_factory=list)   # the rates in the order run
 
   @property
   def points(self) -> list[tuple[float, bool]]:
@@ -91,12 +93,13 @@ def max_rate(evaluate: Callable[[float], object], passes: Callable[[object], boo
     if not good or max(good) < hi:
       break
     lo, hi = hi, 2 * hi          # hi passed: the answer is higher
+  tried = [r.rate for r in records]
   order = sorted(range(len(records)), key=lambda i: records[i].rate)
   records, passed = [records[i] for i in order], [passed[i] for i in order]
   good = [r.rate for r, ok in zip(records, passed) if ok]
   best = max(good) if good else None
   saturated = any(not ok and r.rate > (best or 0.0) for r, ok in zip(records, passed))
-  return RateSearch(best, records, passed, saturated)
+  return RateSearch(best, records, passed, saturated, tried)
 
 
 @dataclasses.dataclass
@@ -118,20 +121,35 @@ class PlanRow:
 def search(candidates: list[Placement], evaluate: Callable[[Placement, float], object],
            passes: Callable[[object], bool], *, lo: float, hi: float, rel_tol: float,
            max_doublings: int = MAX_DOUBLINGS,
-           on_result: Callable[[PlanRow], None] | None = None) -> list[PlanRow]:
+           on_result: Callable[[PlanRow], None] | None = None,
+           workers: int = 1) -> list[PlanRow]:
   """Every candidate's rate search; rows with a goodput first, best per-chip goodput first
-  (ties: fewer chips, then the order given), then the rows without one in the order given."""
+  (ties: fewer chips, then the order given), then the rows without one in the order given.
+  workers != 1: the searches in a process pool (planning/pool.py; evaluate and passes
+  picklable), on_result called in the order given once they are all done."""
   rows = []
-  for placement in candidates:
-    found = max_rate(lambda r, p=placement: evaluate(p, r), passes, lo, hi, rel_tol,
-                     max_doublings)
-    rows.append(PlanRow(placement, found))
+  if workers != 1:
+    from pdjax.planning import pool
+    jobs = [(p, evaluate, passes, lo, hi, rel_tol, max_doublings) for p in candidates]
+    found = pool.run_in_order(_max_rate_job, jobs, workers)
+  for i, placement in enumerate(candidates):
+    if workers == 1:
+      rows.append(PlanRow(placement, max_rate(lambda r, p=placement: evaluate(p, r), passes,
+                                              lo, hi, rel_tol, max_doublings)))
+    else:
+      rows.append(PlanRow(placement, found[i]))
     if on_result:
       on_result(rows[-1])
   order = {id(r): i for i, r in enumerate(rows)}
   ranked = sorted((r for r in rows if r.rate is not None),
                   key=lambda r: (-r.per_chip, r.placement.chips, order[id(r)]))
   return ranked + [r for r in rows if r.rate is None]
+
+
+def _max_rate_job(job) -> RateSearch:
+  placement, evaluate, passes, lo, hi, rel_tol, max_doublings = job
+  return max_rate(functools.partial(evaluate, placement), passes, lo, hi, rel_tol,
+                  max_doublings)
 
 
 def best_by_run(rows: list[PlanRow]) -> dict[str, PlanRow]:

@@ -31,6 +31,7 @@ BLOCK = 1024              # rows drawn per seeded block
 LENGTH_SAMPLE = 1000      # draws of a synthetic mix behind its printed percentiles
 PERCENTILES = (50, 90, 99)
 _STREAM = 0x7ace          # seed-sequence tag of the resampling draws
+PRIVATE_DIR = None        # set in a planner pool's process (pool.py): its own trace files
 
 
 def _state(path: str):
@@ -55,7 +56,7 @@ class TraceLengths:
     self.seed, self.path = int(seed), path
     self._gaps = np.zeros(0)
     self._picks = np.zeros(0, dtype=np.int64)
-    self._written = None     # (n, the file's state) of the last write
+    self._written = None     # (path, n, the file's state) of the last write
 
   def _draw(self, n: int) -> None:
     while len(self._gaps) < n:
@@ -73,13 +74,16 @@ class TraceLengths:
             for t, k in zip(arrivals, self._picks[:n])]
 
   def workload(self, n: int, rate: float) -> dict:
-    """The workload keys of a run of n requests at `rate` req/s (writes self.path)."""
-    if self._written != (n, _state(self.path)):
-      os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-      with open(self.path, "w") as f:
+    """The workload keys of a run of n requests at `rate` req/s (writes self.path, or its
+    name in PRIVATE_DIR in a pool's process)."""
+    path = self.path if PRIVATE_DIR is None else os.path.join(PRIVATE_DIR,
+                                                               os.path.basename(self.path))
+    if self._written != (path, n, _state(path)):
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      with open(path, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in self.rows(n))
-      self._written = (n, _state(self.path))
-    return {"kind": "jsonl", "path": self.path, "num_requests": int(n),
+      self._written = (path, n, _state(path))
+    return {"kind": "jsonl", "path": path, "num_requests": int(n),
             "time_scale": 1.0 / float(rate)}
 
   def describe(self) -> str:

@@ -133,6 +133,21 @@ def test_walk_climbs_then_descends():
   assert tried == [4.0, 8.0, 16.0, 32.0, 2.0]
 
 
+def test_walk_runs_no_rate_that_cannot_change_a_cell():
+  # A cell's goodput is the highest rate meeting it: once some rate tried meets every cell, a
+  # lower rate changes no answer. Here 4 req/s misses TTFT 0.35 (8 of 10) but 8 req/s meets it
+  # (noise), so the descent below 4 has nothing to decide.
+  lat = Lattice(1.0, 64.0, 2.0)
+  ttft = {4.0: [0.3] * 8 + [0.5] * 2, 8.0: [0.3] * 10, 16.0: [1.0] * 10, 32.0: [INF] * 10}
+  tried = []
+  def evaluate(rate):
+    tried.append(rate)
+    return rec(rate, ttft.get(rate, [0.3] * 10), [0.05] * 10)
+  records = walk(evaluate, lat, 2, [(0.35, 0.1), (2.1, 0.1)], 0.9)
+  assert tried == [4.0, 8.0, 16.0, 32.0]
+  assert goodput([records[k] for k in sorted(records)], 0.35, 0.1, 0.9) == 8.0
+
+
 def test_map_placements():
   got = map_placements(8, (1, 2, 4), lambda t: True, lambda p: True, tp_count=2,
                        full_budget=True, max_disagg=4)
@@ -173,6 +188,7 @@ def _tiny_map_config():
   cfg.plan.map_ttft_s, cfg.plan.map_tpot_s = (0.0004, 0.01), (0.00022, 0.01)
   cfg.plan.map_rate_min, cfg.plan.map_rate_max = 400.0, 1600.0   # lattice: 400, 1600 req/s/chip
   cfg.plan.map_rate_factor, cfg.plan.map_rate_start = 4.0, 400.0
+  cfg.plan.workers = 1             # in-process (test_plan_map_pool.py: a pool)
   return cfg
 
 
