@@ -55,6 +55,15 @@ def test_max_rate_doubles_then_bisects():
   assert (lo_fails.rate, lo_fails.points, lo_fails.saturated) == (None, [(1.0, False)], True)
 
 
+def test_max_rate_runs_only_rates_that_can_change_its_answer():
+  # Each rate halves the interval the answer can lie in, or stops the search: lo fails (no
+  # goodput), or the interval is within rel_tol. 13.5 - 13 = 0.5 <= 0.05 x 13.5: stop.
+  found = max_rate(lambda r: Rec(r, r <= 13.3), passes, lo=1.0, hi=4.0, rel_tol=0.05)
+  assert found.tried == [1.0, 4.0, 8.0, 16.0, 12.0, 14.0, 13.0, 13.5]
+  assert (found.rate, found.saturated) == (13.0, True)
+  assert max_rate(lambda r: Rec(r, False), passes, lo=1.0, hi=4.0, rel_tol=0.05).tried == [1.0]
+
+
 def test_a_search_that_never_fails_is_not_saturated():
   found = max_rate(lambda r: Rec(r, True), passes, lo=1.0, hi=4.0, rel_tol=0.05,
                    max_doublings=3)
