@@ -51,7 +51,6 @@ def get_config(arg=None):
   c.plan.rate_lo = 16.0                     # req/s of the whole placement: search from
   c.plan.rate_hi = 48.0                     #   [16, 48], doubling 48 while it passes
   c.plan.rel_tol = 0.05
-  c.plan.workers = 0                        # the searches in a pool of one process per core
   c.progress = False
   if arg:
     raise ValueError(f"unknown variant {arg!r} (this config has none)")

@@ -50,7 +50,6 @@ def get_config(arg=None):
   c.plan.map_tp_count = 1                   # 8B: TP1; 70B: TP4 on h100, TP2 on tpu_v5p
   c.plan.map_full_budget = True
   c.plan.map_max_disagg = 4
-  c.plan.workers = 0                        # the walks in a pool of one process per core
   c.progress = False
   if arg == "quick":
     c.plan.map_models = "llama3_8b"
