@@ -4,8 +4,9 @@
 
 Starts `python -m pdjax.serve --config=pdjax/configs/smollm2.py --config.mode=disaggregated`
 (SmolLM2-135M, 1 prefill + 1 decode TP1 instance, prefill buckets (128, 512), decode buckets
-(4, 8)) and keeps 4 streaming /v1/completions requests in flight (a closed loop of 4 clients:
-64 random token ids each, 64 tokens, greedy, ignore_eos) until --requests are served. Prints
+(4, 8)) and sends it --requests streaming /v1/completions requests through `pdjax.bench_serve`'s
+client with --max_concurrency=4 (all due at once: a closed loop of 4; 64 random token ids each,
+64 tokens, greedy, ignore_eos). Prints
 the server's start-up seconds, mean and median ITL (gaps between streamed chunks) and mean
 TTFT as the client sees them; where the time goes inside the server (its trace.json: decode
 steps alone and beside a prefill, the interval between decode steps, the host's phases); and
@@ -17,7 +18,6 @@ model.param_layout (a tree from before the key existed, through PYTHONPATH).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import random
 import signal
@@ -96,8 +96,9 @@ def main() -> None:
   parser.add_argument("--server_flags", default="", help="more pdjax.serve flags, "
                       "space-separated (e.g. --config.scheduler.overlap=true)")
   args = parser.parse_args()
-  import httpx
   from helpers.server_process import start_server
+  from pdjax.client.bench import run_benchmark
+  from pdjax.request import Request, SamplingParams
   work = tempfile.mkdtemp(prefix="pdjax_itl_")
   layout = [] if args.layout == "none" else [f"--config.model.param_layout={args.layout}"]
   log = open(os.path.join(work, "serve.log"), "w")
@@ -110,40 +111,19 @@ def main() -> None:
   startup = time.perf_counter() - t0
   rng = random.Random(0)
   prompts = [[rng.randrange(3, 49000) for _ in range(64)] for _ in range(args.requests)]
-  itls, ttfts = [], []
-
-  async def one(client, model, prompt):
-    body = {"model": model, "prompt": prompt, "max_tokens": 64, "temperature": 0.0,
-            "stream": True, "ignore_eos": True}
-    start = time.perf_counter()
-    last = None
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-      async for line in response.aiter_lines():
-        if not line.startswith("data: ") or line == "data: [DONE]":
-          continue
-        now = time.perf_counter()
-        if last is None:
-          ttfts.append(now - start)
-        else:
-          itls.append(now - last)
-        last = now
-
-  async def run():
-    async with httpx.AsyncClient(timeout=900) as client:
-      model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
-      queue = list(prompts)
-
-      async def worker():
-        while queue:
-          await one(client, model, queue.pop())
-      await asyncio.gather(*[worker() for _ in range(4)])
-
+  requests = [Request(id=f"itl-{i}", arrival_s=0.0, prompt_ids=p,
+                      sampling=SamplingParams(max_new_tokens=64, ignore_eos=True))
+              for i, p in enumerate(prompts)]
   t1 = time.perf_counter()
-  try:
-    asyncio.run(run())
+  try:   # pdjax.bench_serve's client: every request due at once, at most 4 in flight
+    result = run_benchmark(url, requests, max_concurrency=4)
   finally:
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=300)
+  if result["failed"]:
+    raise SystemExit(f"{result['failed']} requests failed: {result['errors']}")
+  itls = [g for gaps in result["itls"] for g in gaps]
+  ttfts = result["ttfts"]
   wall = time.perf_counter() - t1
   print(step_breakdown(os.path.join(work, "run", "trace.json")))
   print(ttft_breakdown(os.path.join(work, "run", "requests.jsonl")))

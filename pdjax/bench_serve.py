@@ -2,6 +2,7 @@
 
   python -m pdjax.bench_serve --base_url=http://127.0.0.1:8000 --config=configs/default.py:smoke \
       --config.workload.num_requests=32 --output=result.json [--model=NAME] [--endpoint=chat]
+      [--max_concurrency=N]
 
 Loads the config's workload (workload, seed, slo, sampling.temperature, kv.max_model_len and the
 model's vocab size; nothing else is read) exactly as pdjax.run does, replays its arrivals on the
@@ -45,7 +46,11 @@ def define_flags() -> dict:
       base_url=flags.DEFINE_string("base_url", "http://127.0.0.1:8000", "Server address."),
       output=flags.DEFINE_string("output", None, "Write the result JSON here."),
       model=flags.DEFINE_string("model", None, "Model name (default: GET /v1/models' first)."),
-      endpoint=flags.DEFINE_enum("endpoint", "completions", list(ENDPOINTS), "API to call."))
+      endpoint=flags.DEFINE_enum("endpoint", "completions", list(ENDPOINTS), "API to call."),
+      max_concurrency=flags.DEFINE_integer(
+          "max_concurrency", 0, "At most this many requests in flight (0: no limit); a request "
+          "due while all are busy is sent when one ends (with a rate far above what the server "
+          "sustains, a closed loop of N clients).", lower_bound=0))
 
 
 def main(argv, holders: dict) -> None:
@@ -70,7 +75,8 @@ def main(argv, holders: dict) -> None:
     fail(f"cannot list models at {base_url}/v1/models: {type(e).__name__}: {e}", code=1)
   result = run_benchmark(base_url, requests, model=model, endpoint=holders["endpoint"].value,
                          temperature=cfg.sampling.temperature, slo_ttft_s=cfg.slo.ttft_s,
-                         slo_tpot_s=cfg.slo.tpot_s)
+                         slo_tpot_s=cfg.slo.tpot_s,
+                         max_concurrency=holders["max_concurrency"].value)
   print(format_table(result))
   if holders["output"].value:
     with open(holders["output"].value, "w") as f:

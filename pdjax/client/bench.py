@@ -130,9 +130,13 @@ async def send_one(client: httpx.AsyncClient, url: str, body: dict, prompt_len: 
 
 
 async def benchmark(base_url: str, requests, *, model: str, endpoint: str = "completions",
-                    temperature: float = 0.0) -> tuple[list[RequestOutput], float]:
+                    temperature: float = 0.0,
+                    max_concurrency: int = 0) -> tuple[list[RequestOutput], float]:
   """Sends every request at its arrival_s after the start (one task each); returns the
-  outputs in workload order and the duration (start to the last response) in seconds."""
+  outputs in workload order and the duration (start to the last response) in seconds.
+  max_concurrency > 0: at most that many requests in flight (as `vllm bench serve
+  --max-concurrency`): a request due while all are busy is sent when one ends, and its
+  latencies start when it is sent; with every arrival at 0 this is a closed loop."""
   url = base_url.rstrip("/") + ENDPOINTS[endpoint]
   # No proxies from the environment (the server is measured directly); no pool limit (a
   # request waiting for a free connection would count the wait as server latency).
@@ -140,14 +144,20 @@ async def benchmark(base_url: str, requests, *, model: str, endpoint: str = "com
   timeout = httpx.Timeout(None, connect=60.0)
   async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
     start = time.perf_counter()
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
+
+    async def send(body, prompt_len):
+      if slots is None:
+        return await send_one(client, url, body, prompt_len, start)
+      async with slots:
+        return await send_one(client, url, body, prompt_len, start)
     tasks = []
     for request in requests:
       delay = start + request.arrival_s - time.perf_counter()
       if delay > 0:
         await asyncio.sleep(delay)
       body = payload(request, endpoint=endpoint, model=model, temperature=temperature)
-      tasks.append(asyncio.create_task(send_one(client, url, body, len(request.prompt_ids),
-                                                start)))
+      tasks.append(asyncio.create_task(send(body, len(request.prompt_ids))))
     outputs = await asyncio.gather(*tasks)
     return list(outputs), time.perf_counter() - start
 
@@ -202,14 +212,18 @@ def aggregate(outputs: list[RequestOutput], duration_s: float, *, slo_ttft_s: fl
 
 def run_benchmark(base_url: str, requests, *, model: str | None = None,
                   endpoint: str = "completions", temperature: float = 0.0,
-                  slo_ttft_s: float = float("inf"), slo_tpot_s: float = float("inf")) -> dict:
+                  slo_ttft_s: float = float("inf"), slo_tpot_s: float = float("inf"),
+                  max_concurrency: int = 0) -> dict:
   """The core: benchmarks `requests` against the server and returns the result dict (with
-  model_id, endpoint, base_url and num_prompts added). model None: the server's first."""
+  model_id, endpoint, base_url, num_prompts and max_concurrency (None: unlimited) added).
+  model None: the server's first."""
   model = model or default_model(base_url)
   outputs, duration = asyncio.run(benchmark(base_url, requests, model=model,
-                                            endpoint=endpoint, temperature=temperature))
+                                            endpoint=endpoint, temperature=temperature,
+                                            max_concurrency=max_concurrency))
   result = {"date": time.strftime("%Y%m%d-%H%M%S"), "base_url": base_url, "endpoint": endpoint,
-            "model_id": model, "num_prompts": len(requests)}
+            "model_id": model, "num_prompts": len(requests),
+            "max_concurrency": max_concurrency or None}
   result.update(aggregate(outputs, duration, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s))
   return result
 

@@ -32,6 +32,7 @@ class FakeServer(http.server.ThreadingHTTPServer):
     super().__init__(("127.0.0.1", 0), Handler)
     self.usage, self.reject = usage, set(reject)
     self.records, self.lock = {}, threading.Lock()
+    self.inflight = self.max_inflight = 0   # requests being streamed now / at most
 
   @property
   def url(self):
@@ -69,6 +70,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
     with server.lock:
       rid = f"cmpl-{len(server.records)}"
       server.records[rid] = dict(path=self.path, body=body, prompt=prompt, received=received)
+      server.inflight += 1
+      server.max_inflight = max(server.max_inflight, server.inflight)
+    try:
+      self._stream(rid, body, prompt)
+    finally:
+      with server.lock:
+        server.inflight -= 1
+
+  def _stream(self, rid, body, prompt):
+    server = self.server
     self.send_response(200)
     self.send_header("Content-Type", "text/event-stream")
     self.end_headers()
@@ -267,3 +278,17 @@ def test_no_jax_import():
           "b.load_requests(c.load_config_module('configs/default.py').get_config('smoke')); "
           "assert not [m for m in sys.modules if m == 'jax' or m.startswith('jax.')]")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("limit", [0, 2])
+def test_max_concurrency_caps_the_requests_in_flight(serve, limit):
+  """Six requests due at once: all six in flight without a limit, never more than two with
+  --max_concurrency=2 (a closed loop), and every one completed either way."""
+  server = serve()
+  requests = _smoke()
+  for r in requests:
+    r.arrival_s = 0.0
+  result = bench_serve.run_benchmark(server.url, requests, max_concurrency=limit)
+  assert (result["completed"], result["failed"]) == (6, 0)
+  assert server.max_inflight == (limit or 6)
+  assert result["max_concurrency"] == (limit or None)
