@@ -19,7 +19,7 @@ import resource
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # PYTHONPATH wins
 
 PHASES = (   # (name, module, attribute): the callables timed
     ("load workload", "pdjax.workload.loader", "load_workload"),
