@@ -171,6 +171,16 @@ class BlockTables:
 
   def extend(self, seq_id: str, num_tokens: int) -> list[int]:
     """Grows seq_id's table to hold num_tokens; returns only the newly added pages."""
+    table, held = self._tables.get(seq_id), self._held.get(seq_id)
+    if (held is not None and table is not None and held[0] == len(table) and held[0]
+        and 0 <= num_tokens <= held[0] * self.page_size):
+      # Most decode steps: a token more in a page it holds (the general path below with no
+      # page missing, and _account's first branch, inlined: the simulator calls this for
+      # every sequence of every step).
+      if num_tokens > held[1]:
+        self.num_unused_slots -= num_tokens - held[1]
+        self._held[seq_id] = (held[0], num_tokens, held[2])
+      return []
     table = self._table(seq_id)
     missing = self.pages_needed(num_tokens) - len(table)
     if missing > 0:
