@@ -7,6 +7,7 @@ outputs into vllm's result keys, `format_table` into its text table. The command
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -144,11 +145,10 @@ async def benchmark(base_url: str, requests, *, model: str, endpoint: str = "com
   timeout = httpx.Timeout(None, connect=60.0)
   async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
     start = time.perf_counter()
-    slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
+    slots = (asyncio.Semaphore(max_concurrency) if max_concurrency > 0
+             else contextlib.nullcontext())
 
     async def send(body, prompt_len):
-      if slots is None:
-        return await send_one(client, url, body, prompt_len, start)
       async with slots:
         return await send_one(client, url, body, prompt_len, start)
     tasks = []

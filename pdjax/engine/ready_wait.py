@@ -15,6 +15,8 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 
+import jax
+
 MAX_WAIT_S = 0.002     # the longest one wait blocks (new requests and deadlines are seen)
 _THREADS = 32          # watchers at once: every step and transfer in flight has its own
 
@@ -27,8 +29,10 @@ def _watch(pending) -> None:
   try:
     for array in pending.arrays_to_wait():
       array.block_until_ready()
-  except Exception:  # pylint: disable=broad-except
-    pass   # a failed step or transfer: the driver's own ready()/result() raises it
+  except jax.errors.JaxRuntimeError:
+    pass   # a failed step or transfer: the driver's own ready()/result() raises DeviceError
+  except BaseException as e:  # pylint: disable=broad-except  (re-raised by wait_any)
+    pending.watch_error = e   # a bug: raised on the driver's thread, not lost in this one
   finally:
     with _cond:
       pending.landed_event = True
@@ -37,7 +41,8 @@ def _watch(pending) -> None:
 
 def wait_any(pendings, timeout_s: float) -> None:
   """Blocks until one of pendings lands that had not when the wait began (its arrays are
-  ready), or min(timeout_s, MAX_WAIT_S). A pending is watched from its first wait on."""
+  ready, or failed on the device), or min(timeout_s, MAX_WAIT_S). A pending is watched from its
+  first wait on. Anything else a watcher hit (a bug) is raised here."""
   fresh = []
   for p in pendings:
     if getattr(p, "landed_event", None) is None:
@@ -48,3 +53,6 @@ def wait_any(pendings, timeout_s: float) -> None:
   with _cond:
     _cond.wait_for(lambda: any(p.landed_event for p in fresh),
                    timeout=max(0.0, min(timeout_s, MAX_WAIT_S)))
+  for p in fresh:
+    if getattr(p, "watch_error", None) is not None:
+      raise p.watch_error

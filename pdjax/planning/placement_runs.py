@@ -63,19 +63,11 @@ def placement_config(cfg, mcfg, p: Placement, rate: float,
 
 def evaluate(cfg, mcfg, p: Placement, rate: float,
              trace: workload_mix.TraceLengths | None = None) -> RunRecord:
-  """One simulated run of the placement at `rate` req/s: its per-request latencies. The run
-  of runner.execute (its instances built, its workload loaded, served with the end-of-run
-  checks) without the summary it takes afterwards, which the planner does not read (3% of a
-  map's time)."""
-  from pdjax.runner.build import build_run
-  from pdjax.runner.serve_requests import serve
-  from pdjax.workload.loader import load_workload
+  """One simulated run of the placement at `rate` req/s: its per-request latencies (without
+  the run summary, which the planner does not read: 3% of a map's time)."""
+  from pdjax.runner.execute import execute
   run_cfg = placement_config(cfg, mcfg, p, rate, trace)
-  mode, instances, serve_kwargs = build_run(run_cfg, mcfg, p.run, None)
-  requests, _ = load_workload(run_cfg.workload, seed=run_cfg.seed, vocab_size=mcfg.vocab_size,
-                              eos_ids=mcfg.eos_token_ids, max_model_len=run_cfg.kv.max_model_len,
-                              temperature=run_cfg.sampling.temperature)
-  result = serve(mode, instances, requests, **serve_kwargs)
+  _, result, _ = execute(run_cfg, mcfg, p.run, None, quiet=True, summarize=False)
   return RunRecord.from_requests(rate, result.requests)
 
 

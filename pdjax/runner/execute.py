@@ -68,9 +68,10 @@ def _devices(cfg) -> dict | None:
 
 
 def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = False,
-            on_loaded=None, ray_cluster=None):
+            on_loaded=None, ray_cluster=None, summarize: bool = True):
   """Builds the run's instances (real or simulated), serves the workload; returns (summary,
-  RunResult, instances). Writes nothing. on_loaded(n) is called with the number of requests
+  RunResult, instances); summary None with summarize=False (the planner reads the requests
+  only). Writes nothing. on_loaded(n) is called with the number of requests
   the workload loaded, before serving (a trace may hold fewer than workload.num_requests).
   ray_cluster: a started `distributed.launcher.RayCluster` (cluster.launcher=ray): each
   instance is an actor in its own process, stopped when the run's summary is taken."""
@@ -98,8 +99,10 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
     from pdjax.engine.cluster import as_host   # an orbax checkpoint is read whole only here
     serve_requests.check_outputs_alone(result.requests, mcfg, as_host(host_params),
                                        dtype=cfg.model.dtype)
-  summary = summarize_run(cfg, run, result, instances, problems)
-  summary["run_info"] = run_info_of(cfg, mcfg, run, requests=len(requests))
+  summary = None
+  if summarize:
+    summary = summarize_run(cfg, run, result, instances, problems)
+    summary["run_info"] = run_info_of(cfg, mcfg, run, requests=len(requests))
   if ray_cluster is not None:
     ray_cluster.release(instances)   # their processes end; the next run starts its own
   return summary, result, instances

@@ -5,6 +5,7 @@ step still wakes it; a real run never sleeps in the driver's poll."""
 import threading
 import time
 
+import jax
 import pytest
 
 from conftest import tiny_engine_options
@@ -60,12 +61,24 @@ def test_a_pending_that_landed_before_the_wait_does_not_end_it(monkeypatch):
 
 
 def test_a_failed_array_still_wakes_the_wait_and_raises_nothing_there(monkeypatch):
+  """(A device failure: the driver's own ready()/result() raises it as DeviceError.)"""
   monkeypatch.setattr(ready_wait, "MAX_WAIT_S", 30.0)
-  gate = Gate(error=RuntimeError("device lost"))
+  gate = Gate(error=jax.errors.JaxRuntimeError("device lost"))
   pending = FakePending(gate)
   threading.Timer(0.05, gate.open.set).start()
   ready_wait.wait_any([pending], timeout_s=30.0)
   assert pending.landed_event is True
+
+
+class Broken:
+  def arrays_to_wait(self):
+    raise ValueError("arrays_to_wait is broken")
+
+
+def test_a_bug_in_a_watcher_is_raised_by_the_wait_not_lost_in_its_thread(monkeypatch):
+  monkeypatch.setattr(ready_wait, "MAX_WAIT_S", 30.0)
+  with pytest.raises(ValueError, match="^arrays_to_wait is broken$"):
+    ready_wait.wait_any([Broken()], timeout_s=30.0)
 
 
 class CountingSleep:
