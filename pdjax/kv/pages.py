@@ -192,6 +192,48 @@ class BlockTables:
     self._account(seq_id, num_tokens)
     return new
 
+  def extend_steps(self, seq_ids: list[str], lengths: list[int],
+                   steps: int) -> tuple[list[int], list[int]]:
+    """The same as `steps` rounds of `extend(seq_ids[i], lengths[i] + k)` (round k = 0, 1, ...;
+    each round in the sequences' order), at once: the same pages to the same tables, the same
+    accounting. Returns the pool's num_used_pages and num_unused_slots after each round. New
+    pages come from the free list only: when they do not fit, raises OutOfPages before changing
+    anything (never evicts cached pages). A simulated decode chain's page growth."""
+    ps, held = self.page_size, [self._held[s] for s in seq_ids]
+    grants = []                           # (round, sequence): a page more, in allocation order
+    for i, ((pages, tokens, _), length) in enumerate(zip(held, lengths)):
+      final = max(tokens, length + steps - 1)
+      for page in range(pages, -(-final // ps)):   # its page-th page: once a round exceeds
+        grants.append((max(page * ps - length + 1, 0), i))   # page * ps tokens
+    if len(grants) > self.allocator.num_free:
+      raise OutOfPages(f"need {len(grants)} pages, {self.allocator.num_free} free")
+    grants.sort()
+    added = [0] * steps
+    for k, i in grants:
+      self._tables[seq_ids[i]].extend(self.allocator.allocate(1))
+      added[k] += 1
+    offsets = [length - tokens for (_, tokens, _), length in zip(held, lengths)]
+    if min(offsets) >= 0:                 # (tokens grow from round 0: the usual case)
+      first, n = sum(offsets), len(offsets)
+      grown = [first + n * k for k in range(steps)]
+    else:
+      grown = [sum(max(o + k, 0) for o in offsets) for k in range(steps)]
+    used, unused, total = [], [], 0
+    base_used, base_unused = self.num_used_pages - len(grants), self.num_unused_slots
+    for more, tokens in zip(added, grown):
+      total += more
+      used.append(base_used + total)
+      unused.append(base_unused + ps * total - tokens)
+    for seq_id, (pages, tokens, owner), length in zip(seq_ids, held, lengths):
+      now_pages = len(self._tables[seq_id])
+      self._held[seq_id] = (now_pages, max(tokens, length + steps - 1), owner)
+      if now_pages > pages:
+        self.pages_by_owner[owner] += now_pages - pages
+        if self.pages_by_owner[owner] > self.peak_pages_by_owner.get(owner, 0):
+          self.peak_pages_by_owner[owner] = self.pages_by_owner[owner]
+    self.num_unused_slots = unused[-1]
+    return used, unused
+
   def allocate_prefix(self, seq_id: str, token_ids, num_tokens: int, salt: str,
                       now: float = 0.0, owner: str = "") -> int | None:
     """Like allocate, reusing the cached pages of token_ids' longest cached prefix (at least

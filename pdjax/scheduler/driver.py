@@ -36,6 +36,7 @@ from pdjax.request import Request, Status
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.admission import Admission
 from pdjax.scheduler.collect import Collect
+from pdjax.scheduler.decode_segments import DecodeSegments
 from pdjax.scheduler.fast_forward import FastForward
 from pdjax.scheduler.instance_queue import InstanceQueue
 from pdjax.scheduler.invariants import Invariants
@@ -91,6 +92,7 @@ class RunResult:
   faults: dict = dataclasses.field(default_factory=dict)   # injected and recovery counts
   fast_forwarded: int = 0    # steps collected by the decode fast-forward (not an output)
   tally: Tally = dataclasses.field(default_factory=Tally)   # counters as they happened
+  segment_steps: int = 0     # fast-forwarded steps collected in decode segments (not an output)
 
   def step_counts(self) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
@@ -108,7 +110,8 @@ def default_policies(options: DriverOptions) -> policy_lib.Policies:
                                       max_prefill_seqs=options.max_prefill_seqs))
 
 
-class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invariants):
+class Driver(Admission, Steps, Collect, FastForward, DecodeSegments, Transfers, Recovery,
+             Invariants):
 
   def __init__(self, mode: str, workers: list[InstanceQueue], *, options: DriverOptions, clock,
                transfer_fn=None, policies: policy_lib.Policies | None = None,
@@ -134,6 +137,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     self.samples: list[dict] = self._records("samples")
     self.role_switches: list[dict] = []
     self.preemptions = 0
+    self.segment_steps = 0   # steps collected in decode segments (scheduler/decode_segments.py)
     self.flushes: list[dict] = []
     self.injector = injector or FaultInjector(FaultSpec())
     self._by_name = {w.name: w for w in workers}
@@ -213,6 +217,8 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     self._terminal = self._taken - len(self._open)
     self._inbox, self._listener = inbox, listener
     fast_forward, fast_forwarded = self._fast_forward_possible(), 0
+    segments = fast_forward and self._segments_possible()
+    self._begin_segments()
     done = self._terminal
     while True:
       now = self.clock.now()
@@ -229,6 +235,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
       touched, self._touched = sorted(self._touched), set()
       for i in touched:                # worker order, as the policies' tie-breaks expect
         w = self.workers[i]
+        w.chain_safe_until = None      # (its batch or pool may have changed)
         if w.dead:
           continue
         sampled = len(self.samples)
@@ -239,7 +246,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
         self._record_state(w, sampled)
       turn_now = False
       if fast_forward:
-        collected, turn_now = self._fast_forward(arrivals)
+        collected, turn_now = self._fast_forward(arrivals, segments)
         fast_forwarded += collected
       inflight = [w for w in self.workers if w.inflight is not None]
       wake = self._wake_s()
@@ -279,7 +286,7 @@ class Driver(Admission, Steps, Collect, FastForward, Transfers, Recovery, Invari
     return RunResult(self.requests, self.transfers, self.clock.now(), self.steps, self.samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
-                      **self.fault_counts}, fast_forwarded, self.tally)
+                      **self.fault_counts}, fast_forwarded, self.tally, self.segment_steps)
 
   def _take_inbox(self, inbox, arrivals: deque) -> None:
     """New requests join the arrivals (stamped by their submitter), cancellations apply, calls

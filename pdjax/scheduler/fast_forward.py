@@ -50,13 +50,22 @@ class FastForward:
     return (step.kind == "decode" and w.ahead is None and not w.waiting and not w.reserved
             and w.draining_to is None)
 
-  def _fast_forward(self, arrivals: deque) -> tuple[int, bool]:
+  def _fast_forward(self, arrivals: deque, segments: bool = False) -> tuple[int, bool]:
     """Runs the decode chains up to the next event (see the module). Returns the number of
     steps it collected and whether the loop must take its next turn now, before waiting
-    (a cancel that came up is applied at once, as one turn per step would)."""
+    (a cancel that came up is applied at once, as one turn per step would).
+    segments: the run may compute chains' steps many at once (scheduler/decode_segments.py)."""
     if (self._touched or self._cancels or self._restarting or self.transfer_queue
         or self._draining):
       return 0, False
+    marks = (len(self.steps), len(self.samples))
+    try:
+      return self._fast_forward_steps(arrivals, segments and not self._cancel_plans)
+    finally:
+      if segments:
+        self._end_segments(marks)
+
+  def _fast_forward_steps(self, arrivals: deque, segments: bool) -> tuple[int, bool]:
     horizon = arrivals[0].arrival_s if arrivals else float("inf")
     wake = self._wake_s()
     if wake is not None:
@@ -66,7 +75,7 @@ class FastForward:
       if end is None:               # (pending objects without a virtual end: not simulated)
         return 0, False
       horizon = min(horizon, end)
-    heap = []
+    heap, now, segment_horizon = [], self.clock.now(), horizon
     for i, w in enumerate(self.workers):   # (_chains inlined: this scan runs every turn)
       step = w.inflight
       if step is None:
@@ -77,9 +86,14 @@ class FastForward:
       if (step.kind == "decode" and w.ahead is None and not w.waiting and not w.reserved
           and w.draining_to is None):
         heap.append((end, i))
+        if segments:          # (a chain that may preempt moves the horizon back: not past it)
+          until = w.chain_safe_until
+          segment_horizon = min(segment_horizon, self._segments_until(w, now)
+                                if until is None or until <= now else until)
       elif end < horizon:
         horizon = end
     heapq.heapify(heap)
+    segment_horizon = min(segment_horizon, horizon)
     collected = 0
     while heap and heap[0][0] < horizon:
       end = heap[0][0]
@@ -92,11 +106,21 @@ class FastForward:
       collected += len(batch)
       if self._cancels:             # (an injected cancel: the next turn applies it first)
         return collected, True
+      if segments and segment_horizon <= end < horizon:   # (the bound passed: renew it)
+        segment_horizon = min([horizon] + [self._segments_until(self.workers[j], end)
+                                           for j in batch + [j for _, j in heap]])
       for i in batch:               # ... and the next dispatches the touched, in worker order
         self._touched.discard(i)
         w = self.workers[i]
+        plan = None
+        if segments:
+          plan = self._dispatch_segment(w, i, segment_horizon)
+          if isinstance(plan, int):
+            collected += plan
+            heapq.heappush(heap, (w.inflight.pending.end_s, i))
+            continue
         sampled = len(self.samples)
-        self._dispatch_chained(w)
+        self._dispatch_chained(w, plan)
         self._record_state(w, sampled)
         if w.inflight is None:
           continue
@@ -146,9 +170,11 @@ class FastForward:
         self._maybe_cancel(req, "decode", len(out))
     w.host_wait_from = done_s if w.running or w.waiting else None
 
-  def _dispatch_chained(self, w: InstanceQueue) -> None:
+  def _dispatch_chained(self, w: InstanceQueue, plan=None) -> None:
+    """plan: the step policy's plan for w now, when the caller made it already."""
     t0 = self.clock.now()
-    plan = self.policies.step.plan(w, admit=_no_admission)
+    if plan is None:
+      plan = self.policies.step.plan(w, admit=_no_admission)
     if plan.chunks:
       raise AssertionError(f"{w.name} planned a prefill with nothing waiting")
     tables = w.tables

@@ -84,6 +84,8 @@ class InstanceQueue:
     self._drain_from: float | None = None     # when the current backlog period's clock started
     self.decode_step_s: float | None = None
     self.latest_sample: dict | None = None    # the driver's latest sample of its state
+    self.chain_safe_until: float | None = None   # its chain cannot preempt before (until
+                                                 # touched): scheduler/decode_segments.py
 
   @property
   def name(self) -> str:

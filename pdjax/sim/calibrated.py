@@ -220,6 +220,21 @@ class CalibratedCost:
     return (self.decode(_pad(self.decode_buckets, len(contexts)), sum(contexts))
             + self.host_decode(len(contexts)))
 
+  def decode_s_steps(self, batch: int, context_sums: np.ndarray) -> np.ndarray:
+    """decode_s of `batch` sequences whose contexts sum to each of context_sums, exactly (the
+    same operations in the same order; a decode chain's steps)."""
+    fit = self.decode
+    return (fit.base(_pad(self.decode_buckets, batch)) + fit.per_unit_s * context_sums
+            + self.host_decode(batch))
+
+  def decode_s_floor(self) -> float:
+    """No decode step is shorter: the cheapest bucket's base and one row's host time (the
+    fits' per-token and per-row terms are never negative; no step exceeds the largest
+    bucket). 0 for a profile whose fits have a negative term (no bound then)."""
+    if self.decode.per_unit_s < 0 or self.host_decode.per_seq_s < 0:
+      return 0.0
+    return min(self.decode.base(b) for b in self.decode_buckets) + self.host_decode(1)
+
   def moved_pages(self, num_pages: int) -> int:
     return num_pages   # the engine moves exactly the pages, in bucket-sized pieces
 

@@ -13,6 +13,7 @@ so a simulated request runs to its max_new_tokens: traces give output lengths, n
 from __future__ import annotations
 
 from pdjax.kv.pages import BlockTables
+from pdjax.sim import decode_chain
 from pdjax.sim.digest import EMPTY as _EMPTY
 from pdjax.sim.digest import VECTOR_MIN, chain
 from pdjax.sim.digest import mix as _mix
@@ -57,6 +58,10 @@ class SimInstance:
     self.host_page_weight = 0.0          # what reloading a page saves against recomputing it
     self.handoff = "transfer"            # or "host": P -> D through the host tier
     self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
+    # Decode chains (pdjax/sim/decode_chain.py): many steps at once, where the cost model
+    # computes many steps' times at once and no shared host moves their ends.
+    self.decode_chains = hasattr(cost, "decode_s_steps") and host is None
+    self.decode_floor_s = cost.decode_s_floor() if hasattr(cost, "decode_s_floor") else None
 
   def attach_host_tier(self, tier, host_bytes_per_s: float, handoff: str = "transfer") -> None:
     """Shares a node's host KV tier over a host link of this bandwidth (pdjax/kv/host_tier.py):
@@ -146,6 +151,21 @@ class SimInstance:
       digests[pages[pos // ps]] = digest
       tokens.append(self._token(digest))
     return self._pending(seconds, tokens, "decode")
+
+  def chain_ends(self, batch, context_sum, start_s, max_steps, horizon_s) -> list[float]:
+    return decode_chain.chain_ends(self, batch, context_sum, start_s, max_steps, horizon_s)
+
+  def chain_tokens(self, last_tokens, positions, tables, steps, stops) -> tuple[list, list]:
+    return decode_chain.chain_tokens(self, last_tokens, positions, tables, steps, stops)
+
+  def write_chain(self, positions, tables, chain) -> None:
+    decode_chain.write_chain(self, positions, tables, chain)
+
+  def start_step(self, end_s: float, tokens: list[int]) -> SimPending:
+    """A decode step of a chain, in flight until end_s (its digests written already)."""
+    pending = SimPending(self.clock, end_s, tokens, self.host)
+    self.last_step = pending
+    return pending
 
   def _pending(self, seconds: float, tokens: list[int], kind: str) -> SimPending:
     pending = SimPending(self.clock, self.clock.now() + seconds, tokens, self.host)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import numpy as np
+
 from pdjax.models.llama_config import LlamaConfig
 from pdjax.sim.hardware import Hardware
 
@@ -98,6 +100,22 @@ class RooflineCost:
     kv_read = self.kv_bytes_per_token() * sum(contexts)
     return self._time(2 * self.matmul_params * len(contexts) + attn, self.weight_bytes + kv_read,
                       len(contexts))
+
+  def decode_s_steps(self, batch: int, context_sums: np.ndarray) -> np.ndarray:
+    """decode_s of `batch` sequences whose contexts sum to each of context_sums (int64): the
+    same floating-point operations in the same order, so each equals decode_s exactly (a
+    decode chain's steps, pdjax/sim/decode_chain.py)."""
+    c = self.cfg
+    attn = 4 * c.num_layers * c.num_heads * c.head_dim * context_sums
+    kv_read = self.kv_bytes_per_token() * context_sums
+    flops = 2 * self.matmul_params * batch + attn
+    compute = flops / (self.hw.bf16_flops * self.tp * self.eff_flops)
+    memory = (self.weight_bytes + kv_read) / (self.hw.hbm_bytes_per_s * self.tp * self.eff_bw)
+    return np.maximum(compute, memory) + self.comm_s(batch) + self.step_overhead_s
+
+  def decode_s_floor(self) -> float:
+    """No decode step is shorter (one sequence of one token: the time grows with both)."""
+    return float(self.decode_s_steps(1, np.ones(1, np.int64))[0])
 
   transfer_waits_for_destination = False   # an ideal engine overlaps the copy
 

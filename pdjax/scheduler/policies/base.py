@@ -61,6 +61,11 @@ class StepPlan:
 class StepPolicy:
   """What an idle worker runs next, given its waiting queue and running batch."""
 
+  # True where, with nothing waiting, plan()'s decode rows are a function of worker.running
+  # alone (the same rows in the same order while it does not change): the simulator may then
+  # compute many steps at once (scheduler/decode_segments.py).
+  decodes_follow_running = False
+
   def plan(self, worker, admit) -> StepPlan:
     """`admit(req)` allocates a waiting request's prompt pages and, when it will decode on
     this worker, reserves its decode slot (counted by `num_running()`); False means no room.

@@ -6,6 +6,7 @@ from pdjax.scheduler.policies.base import StepPlan, StepPolicy
 
 
 class ChunkedPrefill(StepPolicy):
+  decodes_follow_running = True   # nothing waiting: the decode rows follow the running batch
 
   def __init__(self, chunk_budget: int = 128, max_prefill_seqs: int = 17, **_):
     self.budget, self.max_seqs = chunk_budget, max_prefill_seqs

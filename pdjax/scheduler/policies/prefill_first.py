@@ -10,6 +10,7 @@ from pdjax.scheduler.policies.base import StepPlan, StepPolicy
 
 
 class PrefillFirst(StepPolicy):
+  decodes_follow_running = True   # nothing waiting: the decode rows follow the running batch
 
   def __init__(self, token_budget: int = 512, max_prefill_seqs: int = 4, **_):
     self.token_budget, self.max_seqs = token_budget, max_prefill_seqs
