@@ -23,9 +23,12 @@ class Status(str, enum.Enum):
   FAILED = "failed"
   CANCELLED = "cancelled"      # the client aborted it
 
-  @property
-  def terminal(self) -> bool:
-    return self in (Status.FINISHED, Status.REJECTED, Status.FAILED, Status.CANCELLED)
+  terminal: bool                 # (set on each member below: read for every token of a run)
+
+
+for _status in Status:
+  _status.terminal = _status in (Status.FINISHED, Status.REJECTED, Status.FAILED,
+                                 Status.CANCELLED)
 
 
 class PendingToken(typing.NamedTuple):

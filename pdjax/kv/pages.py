@@ -192,6 +192,25 @@ class BlockTables:
     self._account(seq_id, num_tokens)
     return new
 
+  def extend_each(self, seq_ids: list[str], lengths: list[int]) -> int:
+    """extend(seq_ids[i], lengths[i]) for each i in order until one needs a page the pool
+    cannot give (OutOfPages): returns how many were extended (len(seq_ids) for all). The
+    common decode case (a token more in a page it holds) inline: a step's rows at once."""
+    tables, held_by_seq, ps = self._tables, self._held, self.page_size
+    for i, (seq_id, num_tokens) in enumerate(zip(seq_ids, lengths)):
+      held = held_by_seq.get(seq_id)
+      if (held is not None and held[0] and held[0] == len(tables.get(seq_id, ()))
+          and 0 <= num_tokens <= held[0] * ps):
+        if num_tokens > held[1]:
+          self.num_unused_slots -= num_tokens - held[1]
+          held_by_seq[seq_id] = (held[0], num_tokens, held[2])
+        continue
+      try:
+        self.extend(seq_id, num_tokens)
+      except OutOfPages:
+        return i
+    return len(seq_ids)
+
   def extend_steps(self, seq_ids: list[str], lengths: list[int],
                    steps: int) -> tuple[list[int], list[int]]:
     """The same as `steps` rounds of `extend(seq_ids[i], lengths[i] + k)` (round k = 0, 1, ...;
@@ -360,7 +379,13 @@ class BlockTables:
     if self.cache is not None:
       holders.update(self.cache.cached_pages())
     free_set = set(alloc._free)
-    for p in range(alloc.num_pages):
+    expected = [0] * alloc.num_pages   # (all well: one comparison; else the page at fault)
+    for p, n in holders.items():
+      if 0 <= p < alloc.num_pages:
+        expected[p] = n
+    well = (expected == alloc._refcount and len(expected) == alloc.num_pages
+            and free_set.isdisjoint(holders) and all(0 <= p < alloc.num_pages for p in holders))
+    for p in () if well else range(alloc.num_pages):
       rc, n = alloc.refcount(p), holders.get(p, 0)
       if n and (rc == 0 or p in free_set):
         raise AssertionError(f"free page {p} is reachable from a live block table")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from pdjax.kv.pages import OutOfPages
 from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.instance_queue import EWMA, SlowPending, Step, InstanceQueue
 from pdjax.scheduler.policies.no_role_switch import NoRoleSwitch
@@ -177,11 +176,11 @@ class FastForward:
       plan = self.policies.step.plan(w, admit=_no_admission)
     if plan.chunks:
       raise AssertionError(f"{w.name} planned a prefill with nothing waiting")
-    tables = w.tables
-    try:   # Steps._ensure_decode_slots without a preemption; the general one if the pool is full
-      for r in plan.decodes:
-        tables.extend(r.id, r.prompt_len + len(r.output_ids))
-    except OutOfPages:   # (extending a table again to the same length changes nothing)
+    tables, decodes = w.tables, plan.decodes
+    # Steps._ensure_decode_slots without a preemption; the general one if the pool is full
+    # (extending a table again to the same length changes nothing)
+    if tables.extend_each([r.id for r in decodes],
+                          [r.prompt_len + len(r.output_ids) for r in decodes]) < len(decodes):
       self._ensure_decode_slots(w, plan, {})
     if self._offload_failed(w) or plan.empty:   # (extending evicts pages)
       return

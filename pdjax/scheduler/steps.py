@@ -44,7 +44,10 @@ class Steps:
       if not req.output_ids:
         req.status = Status.PREFILLING
       self._maybe_cancel(req, "prefill")
-    table = w.tables.block_table
+    # (an instance that reads the rows' tables during the call and keeps none, the simulator's,
+    # gets the tables themselves; others a copy: the next step may grow them while it runs)
+    table = (w.tables.pages_of if getattr(w.instance, "reads_tables_at_once", False)
+             else w.tables.block_table)
     decode_rows = []
     for r in plan.decodes:
       if id(r) in rows:    # its input is the token in flight, one position on
@@ -147,8 +150,13 @@ class Steps:
     for a request whose token is `pending` in flight); when the pool is full, preempts the
     newest running sequence (recompute later) until it fits. Without `preempt` (a step
     dispatched ahead) a full pool returns False instead."""
+    rows = plan.decodes
+    first = w.tables.extend_each([r.id for r in rows], [
+        r.prompt_len + len(r.output_ids) + (id(r) in pending) for r in rows])
+    if first == len(rows):   # (the usual case: every row fits; else the rest one by one)
+      return True
     preempted: set[int] = set()
-    for r in list(plan.decodes):
+    for r in list(rows[first:]):
       if id(r) in preempted:
         continue
       while True:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from pdjax.kv.pages import BlockTables
 from pdjax.sim import decode_chain
+from pdjax.sim.digest import A as _A
 from pdjax.sim.digest import EMPTY as _EMPTY
+from pdjax.sim.digest import MASK as _MASK
 from pdjax.sim.digest import VECTOR_MIN, chain
 from pdjax.sim.digest import mix as _mix
 from pdjax.sim.host_handoff import via_host_tier
@@ -41,6 +43,7 @@ class SimPending:
 
 
 class SimInstance:
+  reads_tables_at_once = True   # a step's block tables are read in the call, none kept
 
   def __init__(self, name: str, role: str, cost, opts, *, clock, vocab_size: int,
                eos_ids: tuple[int, ...] = (), host=None):
@@ -146,10 +149,12 @@ class SimInstance:
     if self.tables.pending_loads:
       seconds += self._land_host_pages()
     ps, digests, tokens = self.tables.page_size, self.digests, []
-    for tok, pos, pages, *_ in seqs:   # _write of one token, inlined (the simulator's hot loop)
-      digest = _mix(_EMPTY if pos == 0 else digests[pages[(pos - 1) // ps]], tok)
-      digests[pages[pos // ps]] = digest
-      tokens.append(self._token(digest))
+    span, eos = max(self._vocab - 3, 1), self._eos
+    for tok, pos, pages, *_ in seqs:   # _write of one token and _token, inlined (the
+      digest = ((_EMPTY if pos == 0 else digests[pages[(pos - 1) // ps]]) * _A + tok + 1) & _MASK
+      digests[pages[pos // ps]] = digest   # simulator's hot loop: digest.mix, _token)
+      token = 3 + digest % span
+      tokens.append(self._token(digest) if token in eos else token)
     return self._pending(seconds, tokens, "decode")
 
   def chain_ends(self, batch, context_sum, start_s, max_steps, horizon_s) -> list[float]:
