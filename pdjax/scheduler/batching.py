@@ -22,10 +22,10 @@ def rejection_reason(req: Request, *, max_model_len: int, pool_pages: int, page_
   than the prefill token budget can: the step policies prefill it in pieces.)"""
   if req.prompt_len == 0:
     return "empty prompt"
-  if vocab_size:
-    bad = next((t for t in req.prompt_ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-      return f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})"
+  ids = req.prompt_ids
+  if vocab_size and (min(ids) < 0 or max(ids) >= vocab_size):   # (in C; the culprit below)
+    bad = next(t for t in ids if not 0 <= t < vocab_size)
+    return f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})"
   if req.sampling.max_new_tokens < 1:
     return f"max_new_tokens={req.sampling.max_new_tokens} must be >= 1"
   if req.max_len > max_model_len:

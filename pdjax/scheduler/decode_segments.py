@@ -110,7 +110,8 @@ class DecodeSegments:
       return plan
     inst, tables, n = w.instance, w.tables, len(rows)
     positions = [r.prompt_len + len(r.output_ids) - 1 for r in rows]
-    ends = inst.chain_ends(n, sum(positions) + n, now, remaining, horizon)
+    expected = remaining if horizon == float("inf") else int((horizon - now) / step_s) + 2
+    ends = inst.chain_ends(n, sum(positions) + n, now, remaining, horizon, min(expected, 4096))
     if len(ends) < 2:
       return plan
     pages = [tables.pages_of(r.id) for r in rows]   # (the tables themselves: they grow)

@@ -20,13 +20,14 @@ _FIRST_CHUNK = 16
 
 
 def chain_ends(inst, batch: int, context_sum: int, start_s: float, max_steps: int,
-               horizon_s: float) -> list[float]:
+               horizon_s: float, expected: int = _FIRST_CHUNK) -> list[float]:
   """End times of up to max_steps decode steps of `batch` sequences, back to back from start_s
   (the first step's contexts sum to context_sum, each later one's by `batch` more), stopping
   after the first that ends at or past horizon_s. Each end is the previous plus the step's
-  cost, as SimInstance.decode's pending computes it."""
+  cost, as SimInstance.decode's pending computes it. expected: how many steps the caller
+  expects (computed in one piece when right)."""
   ends: list[float] = []
-  t, first, size = start_s, 0, _FIRST_CHUNK
+  t, first, size = start_s, 0, max(expected, 2)
   while first < max_steps:
     count = min(size, max_steps - first)
     sums = context_sum + batch * np.arange(first, first + count, dtype=np.int64)

@@ -157,8 +157,10 @@ class SimInstance:
       tokens.append(self._token(digest) if token in eos else token)
     return self._pending(seconds, tokens, "decode")
 
-  def chain_ends(self, batch, context_sum, start_s, max_steps, horizon_s) -> list[float]:
-    return decode_chain.chain_ends(self, batch, context_sum, start_s, max_steps, horizon_s)
+  def chain_ends(self, batch, context_sum, start_s, max_steps, horizon_s,
+                 expected=16) -> list[float]:
+    return decode_chain.chain_ends(self, batch, context_sum, start_s, max_steps, horizon_s,
+                                   expected)
 
   def chain_tokens(self, last_tokens, positions, tables, steps, stops) -> tuple[list, list]:
     return decode_chain.chain_tokens(self, last_tokens, positions, tables, steps, stops)
