@@ -32,6 +32,7 @@ from collections import deque
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
 from pdjax.kv.prefix_cache import flush_tenant
+from pdjax.metrics import columns
 from pdjax.request import Request, Status
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.admission import Admission
@@ -283,7 +284,11 @@ class Driver(Admission, Steps, Collect, FastForward, DecodeSegments, Transfers, 
         raise AssertionError(f"{w.name} still holds {len(w.waiting)} waiting, {len(w.running)} "
                              f"running, {len(w.reserved)} reserved requests at the end")
     self._check_transfers_not_all_failed()
-    return RunResult(self.requests, self.transfers, self.clock.now(), self.steps, self.samples,
+    # The records as lists that keep the columns the summary, the plots and the trace read
+    # from them (metrics/columns.py): each key is read once per run, not once per reader.
+    steps, samples = ((self.steps, self.samples) if self.spill_dir is not None else
+                      (columns.Records(self.steps), columns.Records(self.samples)))
+    return RunResult(self.requests, self.transfers, self.clock.now(), steps, samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
                       **self.fault_counts}, fast_forwarded, self.tally, self.segment_steps)
