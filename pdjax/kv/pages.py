@@ -157,7 +157,10 @@ class BlockTables:
     return -(-num_tokens // self.page_size)
 
   def can_allocate(self, num_tokens: int) -> bool:
-    return 0 <= self.pages_needed(num_tokens) <= self.num_free_pages
+    if num_tokens < 0:
+      raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    free = self.allocator.num_free + (self.cache.num_evictable if self.cache else 0)
+    return -(-num_tokens // self.page_size) <= free   # (pages_needed <= num_free_pages)
 
   def allocate(self, seq_id: str, num_tokens: int, owner: str = "") -> list[int]:
     """Gives a new sequence enough pages for num_tokens; returns its block table."""

@@ -101,6 +101,8 @@ class InstanceQueue:
 
   # ---- load signals ----
   def queued_tokens(self) -> int:
+    if not self.waiting:   # (a router asks every candidate, at every arrival or transfer)
+      return 0
     return sum(r.prefill_len - r.num_computed_tokens for r in self.waiting)
 
   def num_waiting(self) -> int:
