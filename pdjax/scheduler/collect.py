@@ -83,24 +83,13 @@ class Collect:
         self.transfer_queue.append((req, w))
         self._held_since[id(req)] = now
         self._maybe_cancel(req, "transfer_wait")
-    cancels, cancel_plans, listener = self._cancels, self._cancel_plans, self._listener
+    cancels, cancel_plans = self._cancels, self._cancel_plans
     for req, token in zip(plan.decodes, tokens[len(plan.chunks):] if plan.chunks else tokens):
       if req.status.terminal or (cancels and id(req) in cancels):
         continue                       # (terminal: it stopped at the step before this one)
-      if token < 0:
-        self._non_finite(w, req, token, now)
-        continue
-      out = req.output_ids             # _emit, inlined (Request.add_token): every token
-      out.append(int(token))
-      req.token_times.append(now)
-      done = len(out) >= req.sampling.max_new_tokens or (
-          not req.sampling.ignore_eos and out[-1] in req.eos_ids)
-      if listener is not None and listener.on_token(req):
-        done = req.stopped_by_listener = True
-      if done:
-        self._finish_done(w, req, now)
-      elif cancel_plans:
-        self._maybe_cancel(req, "decode", len(out))
+      if (not self._non_finite(w, req, token, now) and not self._emit(w, req, token, now)
+          and cancel_plans):
+        self._maybe_cancel(req, "decode", len(req.output_ids))
     # Nothing in flight while work is left: the device waits for the host from `done_s` (the
     # readback, this collection, the next plan and dispatch) — what overlap removes.
     w.host_wait_from = done_s if w.inflight is None and (w.running or w.waiting) else None
