@@ -157,10 +157,7 @@ class BlockTables:
     return -(-num_tokens // self.page_size)
 
   def can_allocate(self, num_tokens: int) -> bool:
-    if num_tokens < 0:
-      raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-    free = self.allocator.num_free + (self.cache.num_evictable if self.cache else 0)
-    return -(-num_tokens // self.page_size) <= free   # (pages_needed <= num_free_pages)
+    return 0 <= self.pages_needed(num_tokens) <= self.num_free_pages
 
   def allocate(self, seq_id: str, num_tokens: int, owner: str = "") -> list[int]:
     """Gives a new sequence enough pages for num_tokens; returns its block table."""
@@ -197,17 +194,8 @@ class BlockTables:
 
   def extend_each(self, seq_ids: list[str], lengths: list[int]) -> int:
     """extend(seq_ids[i], lengths[i]) for each i in order until one needs a page the pool
-    cannot give (OutOfPages): returns how many were extended (len(seq_ids) for all). The
-    common decode case (a token more in a page it holds) inline: a step's rows at once."""
-    tables, held_by_seq, ps = self._tables, self._held, self.page_size
+    cannot give (OutOfPages): returns how many were extended (len(seq_ids) for all)."""
     for i, (seq_id, num_tokens) in enumerate(zip(seq_ids, lengths)):
-      held = held_by_seq.get(seq_id)
-      if (held is not None and held[0] and held[0] == len(tables.get(seq_id, ()))
-          and 0 <= num_tokens <= held[0] * ps):
-        if num_tokens > held[1]:
-          self.num_unused_slots -= num_tokens - held[1]
-          held_by_seq[seq_id] = (held[0], num_tokens, held[2])
-        continue
       try:
         self.extend(seq_id, num_tokens)
       except OutOfPages:
@@ -386,8 +374,8 @@ class BlockTables:
     for p, n in holders.items():
       if 0 <= p < alloc.num_pages:
         expected[p] = n
-    well = (expected == alloc._refcount and len(expected) == alloc.num_pages
-            and free_set.isdisjoint(holders) and all(0 <= p < alloc.num_pages for p in holders))
+    well = (expected == alloc._refcount and free_set.isdisjoint(holders)
+            and all(0 <= p < alloc.num_pages for p in holders))
     for p in () if well else range(alloc.num_pages):
       rc, n = alloc.refcount(p), holders.get(p, 0)
       if n and (rc == 0 or p in free_set):

@@ -14,10 +14,10 @@ collection ends a row (a finished request) always is.
 
 What one step at a time would have done is kept exactly: the records the fast-forward made
 are merged with the segments' in the order one step at a time appends them (steps by end
-time, samples by time, ties in worker order), and no other worker may change the horizon
-after a segment ran past a point: segments run in a fast-forward only when every chaining
-worker's free pages cover all its running sequences to their max_new_tokens (no preemption,
-the one way a chained step stops chaining) and no client cancel is planned. Off for workers
+time, samples by time, ties in worker order), and no other worker may move the horizon back
+past a point a segment already ran to: segments stop where any chaining worker could first
+preempt (the one way a chained step stops chaining; `_segments_until`), and are off while a
+client cancel is planned. Off for workers
 on a shared host, with a host KV tier or an injected slowdown, for spilled records, and for a
 step policy whose decode rows are not a function of the running batch alone.
 tests/scheduler/test_fast_forward.py compares the outputs byte for byte. A mixin of

@@ -86,9 +86,7 @@ class FastForward:
           and w.draining_to is None):
         heap.append((end, i))
         if segments:          # (a chain that may preempt moves the horizon back: not past it)
-          until = w.chain_safe_until
-          segment_horizon = min(segment_horizon, self._segments_until(w, now)
-                                if until is None or until <= now else until)
+          segment_horizon = min(segment_horizon, self._segments_until(w, now))
       elif end < horizon:
         horizon = end
     heapq.heapify(heap)

@@ -16,16 +16,16 @@ import numpy as np
 from pdjax.sim.digest import EMPTY, MASK, A
 
 NUMPY_ROWS = 12   # batches at least this wide take the digest chain in numpy, narrower in Python
-_FIRST_CHUNK = 16
+FIRST_CHUNK = 16  # steps timed in the first piece when the caller expects no number
 
 
 def chain_ends(inst, batch: int, context_sum: int, start_s: float, max_steps: int,
-               horizon_s: float, expected: int = _FIRST_CHUNK) -> list[float]:
+               horizon_s: float, expected: int = FIRST_CHUNK) -> list[float]:
   """End times of up to max_steps decode steps of `batch` sequences, back to back from start_s
   (the first step's contexts sum to context_sum, each later one's by `batch` more), stopping
   after the first that ends at or past horizon_s. Each end is the previous plus the step's
   cost, as SimInstance.decode's pending computes it. expected: how many steps the caller
-  expects (computed in one piece when right)."""
+  expects (computed in one piece when right, else in doubling pieces)."""
   ends: list[float] = []
   t, first, size = start_s, 0, max(expected, 2)
   while first < max_steps:
@@ -103,8 +103,9 @@ def _chain_numpy(inst, d: list[int], last_tokens: list[int], steps: int) -> tupl
 
 def write_chain(inst, positions: list[int], tables: list[list[int]], chain: list) -> None:
   """Leaves each page the digest the chain's steps would have written last into it (step k of
-  row i writes position positions[i] + k; chain: per row, as chain_tokens returns it): the digest through its last slot, or through the
-  chain's last position for the page it ends in. `tables` must hold those pages."""
+  row i writes position positions[i] + k; chain: per row, as chain_tokens returns it): the
+  digest through its last slot, or through the chain's last position for the page it ends
+  in. `tables` must hold those pages."""
   ps, digests = inst.tables.page_size, inst.digests
   for p, pages, row in zip(positions, tables, chain):
     end = p + len(row) - 1

@@ -158,7 +158,7 @@ class SimInstance:
     return self._pending(seconds, tokens, "decode")
 
   def chain_ends(self, batch, context_sum, start_s, max_steps, horizon_s,
-                 expected=16) -> list[float]:
+                 expected=decode_chain.FIRST_CHUNK) -> list[float]:
     return decode_chain.chain_ends(self, batch, context_sum, start_s, max_steps, horizon_s,
                                    expected)
 
