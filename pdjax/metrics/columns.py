@@ -1,10 +1,10 @@
-"""Columns of numpy arrays from a run's records (lists of dicts: steps, state samples), for the
-metrics that summarize hundreds of thousands of them (tier stats, the binned trace and plot),
-and the round bin widths those bin time by.
+"""Columns of numpy arrays from a run's records (steps, state samples), for the metrics that
+summarize hundreds of thousands of them (tier stats, the binned trace and plot), and the round
+bin widths those bin time by.
 
-Reading a key from every record is most of what those metrics cost on a long run (a pass over
-millions of dicts per key). A Records list keeps the columns read from it, so that the
-summary, the plot and the trace of one run read each key once.
+A run's records are a RecordTable (metrics/record_table.py): its columns are read as they
+are. Any other sequence of dicts (a spilled server run's, a hand-written list) is read key by
+key, one pass over the dicts per key.
 """
 
 from __future__ import annotations
@@ -15,43 +15,7 @@ from operator import itemgetter
 
 import numpy as np
 
-
-class Records(list):
-  """A list of records that keeps the columns numbers() and codes() read from it; changing the
-  list drops them. Its dicts must not be changed in place."""
-
-  def __init__(self, *args):
-    super().__init__(*args)
-    self.columns: dict[tuple, tuple[int, object]] = {}   # key -> (length read at, value)
-
-
-def _dropping_columns(name: str):
-  method = getattr(list, name)
-
-  def mutate(self, *args, **kwargs):
-    self.columns.clear()
-    return method(self, *args, **kwargs)
-  mutate.__name__ = name
-  return mutate
-
-
-for _name in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
-              "__setitem__", "__delitem__", "__iadd__", "__imul__"):
-  setattr(Records, _name, _dropping_columns(_name))
-
-
-def _kept(records: Sequence[dict], key: tuple, read):
-  """read(), or what it gave before for the same key (and length) if records is a Records."""
-  if not isinstance(records, Records):
-    return read()
-  length, value = records.columns.get(key, (None, None))
-  if length != len(records):   # (a copy of a Records shares its dict until either changes)
-    value = read()
-    for array in value if isinstance(value, tuple) else (value,):
-      if isinstance(array, np.ndarray):
-        array.flags.writeable = False   # shared by every reader
-    records.columns[key] = (len(records), value)
-  return value
+from pdjax.metrics.record_table import RecordTable
 
 
 def _number(records: Sequence[dict], key: str, default: float | None) -> np.ndarray:
@@ -68,19 +32,65 @@ def numbers(records: Sequence[dict], keys: Sequence[str],
   """[float64 array of each record's value of key for key in keys]; a key missing from a
   record takes defaults[key] (KeyError when it has none)."""
   defaults = defaults or {}
-  return [_kept(records, ("number", k, defaults.get(k)),
-                lambda k=k: _number(records, k, defaults.get(k))) for k in keys]
+  if isinstance(records, RecordTable):
+    return [_table_number(records, k, defaults.get(k)) for k in keys]
+  return [_number(records, k, defaults.get(k)) for k in keys]
 
 
 def codes(records: Sequence[dict], key: str) -> tuple[np.ndarray, list[str]]:
   """(int64 array: the index of each record's value of key in names, names: the distinct
   values sorted)."""
-  def read():
-    values = list(map(itemgetter(key), records))
-    names = sorted(set(values))
-    index = {n: i for i, n in enumerate(names)}
-    return np.fromiter(map(index.__getitem__, values), np.int64, len(values)), names
-  return _kept(records, ("codes", key), read)
+  if isinstance(records, RecordTable):
+    return _table_codes(records, key)
+
+  values = list(map(itemgetter(key), records))
+  names = sorted(set(values))
+  index = {n: i for i, n in enumerate(names)}
+  return np.fromiter(map(index.__getitem__, values), np.int64, len(values)), names
+
+
+def present(records: Sequence[dict], key: str) -> np.ndarray:
+  """bool array: whether each record has key."""
+  if isinstance(records, RecordTable):
+    if key not in records.index:
+      return np.zeros(len(records), bool)
+    return ~np.isnan(records.column(key)) if records.fields[records.index[key]].optional \
+        else np.ones(len(records), bool)
+  return np.fromiter((key in r for r in records), bool, len(records))
+
+
+def _table_number(table: RecordTable, key: str, default: float | None) -> np.ndarray:
+  if key not in table.index:
+    if default is None and len(table):
+      raise KeyError(key)
+    return np.full(len(table), np.nan if default is None else default, np.float64)
+  if table.fields[table.index[key]].kind == "str":
+    raise TypeError(f"{key} holds names, not numbers (columns.codes)")
+  column = table.column(key).astype(np.float64)
+  if table.fields[table.index[key]].optional:
+    absent = np.isnan(column)
+    if absent.any():
+      if default is None:
+        raise KeyError(key)
+      column[absent] = default
+  column.flags.writeable = False
+  return column
+
+
+def _table_codes(table: RecordTable, key: str) -> tuple[np.ndarray, list[str]]:
+  """codes() of a RecordTable: its str column re-coded to the sorted names present."""
+  column = table.column(key)
+  names = table.names(key)
+  used = np.zeros(len(names), bool)
+  used[column] = True
+  kept = sorted(names[i] for i in np.flatnonzero(used).tolist())
+  code = {name: i for i, name in enumerate(names)}
+  recode = np.full(len(names), -1, np.int64)
+  for j, name in enumerate(kept):
+    recode[code[name]] = j
+  out = recode[column]
+  out.flags.writeable = False
+  return out, kept
 
 
 def round_width(seconds: float) -> float:

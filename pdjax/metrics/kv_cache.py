@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import collections
 
+from pdjax.metrics import columns
+
 HOT_PREFIXES = 5
 
 
@@ -87,8 +89,11 @@ def hot_prefixes(caches, top: int = HOT_PREFIXES) -> list[dict]:
 
 
 def internal_fragmentation(samples, page_size: int) -> float:
-  used = sum(s["kv_pages_used"] for s in samples if "kv_slots_unused" in s) * page_size
-  unused = sum(s["kv_slots_unused"] for s in samples if "kv_slots_unused" in s)
+  has = columns.present(samples, "kv_slots_unused")
+  pages, slots = columns.numbers(samples, ("kv_pages_used", "kv_slots_unused"),
+                                 {"kv_pages_used": 0.0, "kv_slots_unused": 0.0})
+  used = int(pages[has].sum()) * page_size     # (whole numbers: summed exactly in float64)
+  unused = int(slots[has].sum())
   return unused / used if used else 0.0
 
 

@@ -119,6 +119,7 @@ def _plot_instances(steps: Sequence[dict], samples: Sequence[dict],
   one legend for all panels, above them."""
   from matplotlib.ticker import MaxNLocator
   plt = _pyplot()
+  steps, samples = list(steps), list(samples)   # (dicts: read once per instance below)
   names = sorted({s["instance"] for s in steps} | {s["instance"] for s in samples}
                  | {s["instance"] for s in role_switches})
   if not names:

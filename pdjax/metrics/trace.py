@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pdjax.metrics import trace_bins
+from pdjax.metrics import columns, trace_bins
 from pdjax.metrics.trace_format import INSTANCES_PID, REQUESTS_PID, counter_event  # noqa: F401
 from pdjax.metrics.trace_format import instant as _instant
 from pdjax.metrics.trace_format import meta as _meta
@@ -48,7 +48,8 @@ def instance_events(steps: Sequence[dict], role_switches: Sequence[dict]) -> lis
 
 def instance_tids(steps: Sequence[dict], role_switches: Sequence[dict]) -> dict[str, int]:
   """{instance: its thread id on process 1}: 1.. in name order."""
-  names = sorted({s["instance"] for s in steps} | {s["instance"] for s in role_switches})
+  names = sorted(set(columns.codes(steps, "instance")[1])
+                 | {s["instance"] for s in role_switches})
   return {n: i + 1 for i, n in enumerate(names)}
 
 
@@ -56,7 +57,8 @@ def _instance_events(steps: Sequence[dict], role_switches: Sequence[dict]) -> It
   tids = instance_tids(steps, role_switches)
   yield _meta("process_name", INSTANCES_PID, 0, "instances")
   yield from (_meta("thread_name", INSTANCES_PID, tid, n) for n, tid in tids.items())
-  timed = sorted({s["instance"] for s in steps if "dispatched_s" in s})
+  code, names = columns.codes(steps, "instance")
+  timed = [names[i] for i in np.unique(code[columns.present(steps, "dispatched_s")]).tolist()]
   host = {n: len(tids) + i + 1 for i, n in enumerate(timed)}
   yield from (_meta("thread_name", INSTANCES_PID, host[n], f"{n} host") for n in timed)
   for s in steps:
@@ -177,18 +179,17 @@ def _trace_events(requests: Sequence[Request], steps: Sequence[dict],
 def host_tier_counter(samples: Sequence[dict], limit: int | None) -> list[dict]:
   """Process 1: the node's host KV tier's "host tier pages" counter track (samples carry it
   when kv.host_tier_pages is on), one point per sample or, with a limit, per time bin (max)."""
-  held = [s for s in samples if "host_tier_pages" in s]
-  if not held:
+  has = columns.present(samples, "host_tier_pages")
+  if not has.any():
     return []
+  t, pages = (a[has] for a in columns.numbers(samples, ("t", "host_tier_pages"),
+                                              {"host_tier_pages": -1.0}))
   if limit is not None:
-    t = np.fromiter((s["t"] for s in held), np.float64, len(held))
-    pages = np.fromiter((s["host_tier_pages"] for s in held), np.int64, len(held))
     b, _, _ = trace_bins.bin_index(t, 1, limit)
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
-    held = [{"t": float(ts), "host_tier_pages": int(n)} for ts, n in
-            zip(t[starts], np.maximum.reduceat(pages, starts))]
-  return [{"name": "host tier pages", "ph": "C", "ts": _us(s["t"]), "pid": INSTANCES_PID,
-           "args": {"pages": s["host_tier_pages"]}} for s in held]
+    t, pages = t[starts], np.maximum.reduceat(pages, starts)
+  return [{"name": "host tier pages", "ph": "C", "ts": _us(ts), "pid": INSTANCES_PID,
+           "args": {"pages": int(n)}} for ts, n in zip(t.tolist(), pages.tolist())]
 
 
 def write_events(f, events: Iterable[dict], chunk: int = 20_000) -> None:

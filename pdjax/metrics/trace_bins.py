@@ -59,7 +59,7 @@ def binned_steps(steps: Sequence[dict], tids: dict[str, int],
   start, end, seqs, tokens = columns.numbers(
       steps, ("start_s", "end_s", "num_seqs", "num_tokens"))
   seqs, tokens = seqs.astype(np.int64), tokens.astype(np.int64)
-  timed = any("dispatched_s" in s for s in steps)
+  timed = bool(columns.present(steps, "dispatched_s").any())
   b, width, t0 = bin_index(start, len(tids), limit)
   order, starts, group = _groups(inst * (b.max() + 1) + b)
   start, end, b = start[order], end[order], b[order]

@@ -47,14 +47,10 @@ class Collect:
       w.inflight.start_s = max(w.inflight.start_s, now)
     w.measure(step, now)
     pending = step.pending
-    self.steps.append({"instance": w.name, "role": w.role, "kind": step.kind,
-                       "start_s": step.start_s, "end_s": now,
-                       "num_seqs": len(plan.chunks) + len(plan.decodes),
-                       "num_tokens": plan.num_tokens, "ahead": step.ahead,
-                       "dispatched_s": step.dispatched_s, "done_s": done_s,
-                       "plan_s": step.plan_s, "dispatch_s": step.dispatch_s,
-                       "build_s": getattr(pending, "build_s", 0.0), "readback_s": readback_s,
-                       "host_wait_s": self._host_wait(w, step)})
+    self.steps.add((w.name, w.role, step.kind, step.start_s, now,   # records.STEP_FIELDS
+                    len(plan.chunks) + len(plan.decodes), plan.num_tokens, step.ahead,
+                    step.dispatched_s, done_s, step.plan_s, step.dispatch_s,
+                    getattr(pending, "build_s", 0.0), readback_s, self._host_wait(w, step)))
     for (req, _, end), token in zip(plan.chunks, tokens):
       if id(req) in self._cancels or req.status.terminal:
         continue                       # cancelled while in flight: dropped next turn

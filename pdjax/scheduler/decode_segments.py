@@ -26,13 +26,11 @@ tests/scheduler/test_fast_forward.py compares the outputs byte for byte. A mixin
 
 from __future__ import annotations
 
-import operator
-
 from pdjax.scheduler.fast_forward import _no_admission
 from pdjax.scheduler.instance_queue import EWMA, InstanceQueue, Step
+from pdjax.scheduler.segment_records import SegmentRecords
 
 SEGMENT_MIN_STEPS = 4   # fewer steps expected before the event: one at a time is cheaper
-_TIME_THEN_WORKER = operator.itemgetter(0, 1)
 
 
 class DecodeSegments:
@@ -72,26 +70,21 @@ class DecodeSegments:
             and not any(name == w.name for name, *_ in self.injector.spec.slow_instances))
 
   def _begin_segments(self) -> None:
-    self._segment_step_records: list[tuple] = []     # (end_s, worker index, step record)
-    self._segment_sample_records: list[tuple] = []   # (t, worker index, state sample)
-    self._segment_until = 0.0                 # the latest collection a segment made
+    """Once per run: the segments' records wait aside (scheduler/segment_records.py) until
+    the run ends."""
+    self._segment_records = SegmentRecords()
+    self._segment_until = 0.0        # the latest collection a segment made
 
   def _end_segments(self, marks: tuple[int, int]) -> None:
-    """Merges the segments' records into the run's, in the order one step at a time makes
-    them (the fast-forward's own records since `marks` are already in that order)."""
-    if not self._segment_step_records and not self._segment_sample_records:
-      return
-    index = {w.name: i for i, w in enumerate(self.workers)}
-    for records, mark, made, key in ((self.steps, marks[0], self._segment_step_records, "end_s"),
-                                     (self.samples, marks[1], self._segment_sample_records, "t")):
-      if not made:
-        continue
-      made.extend((r[key], index[r["instance"]], r) for r in records[mark:])
-      del records[mark:]
-      made.sort(key=_TIME_THEN_WORKER)
-      records.extend(r for _, _, r in made)
+    """At a fast-forward's exit: the segments' records made during it belong among the run's
+    records made since `marks`, in the order one step at a time makes them (merged once, at
+    the end of the run: _settle_segments)."""
+    self._segment_records.close_window(marks, (len(self.steps), len(self.samples)))
     self.clock.advance_to(self._segment_until)
-    self._begin_segments()
+
+  def _settle_segments(self) -> None:
+    self._segment_records.merge_into(self.steps, self.samples,
+                                     {w.name: i for i, w in enumerate(self.workers)})
 
   def _dispatch_segment(self, w: InstanceQueue, i: int, horizon: float):
     """Runs w's steps from now (it was just collected) up to its next event as one segment;
@@ -125,17 +118,8 @@ class DecodeSegments:
     starts = [now] + ends[:-1]
     name, role, running = w.name, w.role, len(w.running)
     total, cached = tables.allocator.num_pages, tables.num_cached_idle_pages
-    samples = [{"t": t, "instance": name, "role": role, "queued": 0, "running": running,
-                "kv_pages_used": u, "kv_pages_total": total, "kv_pages_cached": cached,
-                "kv_slots_unused": s} for t, u, s in zip(starts, used, unused)]
-    self._segment_sample_records.extend((s["t"], i, s) for s in samples)
     done = ends[:-1]
-    self._segment_step_records.extend(
-        (e, i, {"instance": name, "role": role, "kind": "decode", "start_s": s, "end_s": e,
-                "num_seqs": n, "num_tokens": n, "ahead": False, "dispatched_s": s,
-                "done_s": e, "plan_s": 0.0, "dispatch_s": 0.0, "build_s": 0.0,
-                "readback_s": 0.0, "host_wait_s": 0.0})
-        for s, e in zip(starts, done))
+    self._segment_records.add(name, role, n, running, total, cached, starts, done, used, unused)
     if done:
       for r, emitted in zip(rows, tokens):
         r.output_ids.extend(emitted[:-1])
@@ -150,6 +134,7 @@ class DecodeSegments:
     pending = inst.start_step(ends[-1], [row[-1] for row in tokens])
     w.inflight = Step(plan, pending, starts[-1], "decode", plan_s=0.0, dispatch_s=0.0,
                       dispatched_s=starts[-1])
-    w.latest_sample = samples[-1]
+    w.latest_sample = (starts[-1], name, role, 0, running, used[-1], total, cached,
+                       unused[-1], None)
     self.segment_steps += len(done)
     return len(done)

@@ -28,6 +28,9 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
 
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
@@ -42,6 +45,7 @@ from pdjax.scheduler.fast_forward import FastForward
 from pdjax.scheduler.instance_queue import InstanceQueue
 from pdjax.scheduler.invariants import Invariants
 from pdjax.scheduler.policies.base import StepPlan
+from pdjax.scheduler.records import SAMPLE_FIELDS, STEP_FIELDS, new_records
 from pdjax.scheduler.recovery import Recovery
 from pdjax.scheduler.spill import SpilledList
 from pdjax.scheduler.steps import Steps
@@ -84,9 +88,10 @@ class RunResult:
   requests: list[Request]
   transfers: list[dict]
   duration_s: float
-  steps: list[dict]          # one per executed step (see Driver._collect)
-  samples: list[dict]        # worker state: at each dispatch and wherever it changed since
-                             # (Driver._record_state)
+  steps: Sequence[dict]      # one per executed step (see Driver._collect; fields:
+                             # scheduler/records.py STEP_FIELDS; a RecordTable unless spilled)
+  samples: Sequence[dict]    # worker state: at each dispatch and wherever it changed since
+                             # (Driver._record_state; SAMPLE_FIELDS)
   role_switches: list[dict]
   preemptions: int
   flushes: list[dict] = dataclasses.field(default_factory=list)   # {"t_s", "tenant", "pages"}
@@ -96,10 +101,16 @@ class RunResult:
   segment_steps: int = 0     # fast-forwarded steps collected in decode segments (not an output)
 
   def step_counts(self) -> dict[str, dict[str, int]]:
+    """{instance: {kind: steps}}, both in order of first appearance."""
     counts: dict[str, dict[str, int]] = {}
-    for s in self.steps:
-      per = counts.setdefault(s["instance"], {})
-      per[s["kind"]] = per.get(s["kind"], 0) + 1
+    (inst, inst_names), (kind, kind_names) = (columns.codes(self.steps, "instance"),
+                                              columns.codes(self.steps, "kind"))
+    pairs = inst * len(kind_names) + kind
+    unique, first, n = np.unique(pairs, return_index=True, return_counts=True)
+    for i in np.argsort(first, kind="stable").tolist():
+      pair = int(unique[i])
+      per = counts.setdefault(inst_names[pair // len(kind_names)], {})
+      per[kind_names[pair % len(kind_names)]] = int(n[i])
     return counts
 
 
@@ -134,8 +145,8 @@ class Driver(Admission, Steps, Collect, FastForward, DecodeSegments, Transfers, 
     self.transfer_queue: deque[tuple[Request, InstanceQueue]] = deque()
     self.spill_dir = spill_dir
     self.transfers: list[dict] = self._records("transfers")
-    self.steps: list[dict] = self._records("steps")
-    self.samples: list[dict] = self._records("samples")
+    self.steps = new_records(STEP_FIELDS, self._spill_path("steps"))        # RecordTable or
+    self.samples = new_records(SAMPLE_FIELDS, self._spill_path("samples"))  # SpilledRecords
     self.role_switches: list[dict] = []
     self.preemptions = 0
     self.segment_steps = 0   # steps collected in decode segments (scheduler/decode_segments.py)
@@ -159,6 +170,9 @@ class Driver(Admission, Steps, Collect, FastForward, DecodeSegments, Transfers, 
   def _records(self, name: str) -> list:
     return [] if self.spill_dir is None else SpilledList(f"{self.spill_dir}/{name}.pkl")
 
+  def _spill_path(self, name: str) -> str | None:
+    return None if self.spill_dir is None else f"{self.spill_dir}/{name}.pkl"
+
   def _take(self, req: Request) -> None:
     """A request joins the run."""
     self._taken += 1
@@ -179,7 +193,7 @@ class Driver(Admission, Steps, Collect, FastForward, DecodeSegments, Transfers, 
     sampled: len(self.samples) before the dispatches; a dispatch samples the state it launches
     a step from (Steps._dispatch), which holds unless the dispatch failed (touching w)."""
     if len(self.samples) > sampled:
-      w.latest_sample = self.samples[-1]
+      w.latest_sample = self.samples.last_row()
       if self._index[id(w)] not in self._touched:
         return
     w.record_state_change(self.samples, self.clock.now())
@@ -253,6 +267,8 @@ class Driver(Admission, Steps, Collect, FastForward, DecodeSegments, Transfers, 
       wake = self._wake_s()
       for w in () if turn_now else self._wait_any(inflight, wake):
         self._collect(w)
+      self.steps.flush_if_full()     # (records buffered as rows: into their columns)
+      self.samples.flush_if_full()
       if self.opts.debug:
         self.check_invariants()
       if on_progress and self._terminal != done:
@@ -284,11 +300,9 @@ class Driver(Admission, Steps, Collect, FastForward, DecodeSegments, Transfers, 
         raise AssertionError(f"{w.name} still holds {len(w.waiting)} waiting, {len(w.running)} "
                              f"running, {len(w.reserved)} reserved requests at the end")
     self._check_transfers_not_all_failed()
-    # The records as lists that keep the columns the summary, the plots and the trace read
-    # from them (metrics/columns.py): each key is read once per run, not once per reader.
-    steps, samples = ((self.steps, self.samples) if self.spill_dir is not None else
-                      (columns.Records(self.steps), columns.Records(self.samples)))
-    return RunResult(self.requests, self.transfers, self.clock.now(), steps, samples,
+    if segments:
+      self._settle_segments()
+    return RunResult(self.requests, self.transfers, self.clock.now(), self.steps, self.samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
                       **self.fault_counts}, fast_forwarded, self.tally, self.segment_steps)

@@ -143,13 +143,10 @@ class FastForward:
     w.decode_step_s = seconds if w.decode_step_s is None else (
         (1 - EWMA) * w.decode_step_s + EWMA * seconds)
     since, w.host_wait_from = w.host_wait_from, None  # Collect._host_wait
-    self.steps.append({"instance": w.name, "role": w.role, "kind": "decode",
-                       "start_s": step.start_s, "end_s": now,
-                       "num_seqs": len(plan.decodes), "num_tokens": len(plan.decodes),
-                       "ahead": False, "dispatched_s": step.dispatched_s, "done_s": done_s,
-                       "plan_s": step.plan_s, "dispatch_s": step.dispatch_s,
-                       "build_s": getattr(pending, "build_s", 0.0), "readback_s": now - done_s,
-                       "host_wait_s": 0.0 if since is None else max(step.start_s - since, 0.0)})
+    self.steps.add((w.name, w.role, "decode", step.start_s, now,   # records.STEP_FIELDS
+                    len(plan.decodes), len(plan.decodes), False, step.dispatched_s, done_s,
+                    step.plan_s, step.dispatch_s, getattr(pending, "build_s", 0.0),
+                    now - done_s, 0.0 if since is None else max(step.start_s - since, 0.0)))
     cancel_plans = self._cancel_plans
     for req, token in zip(plan.decodes, tokens):
       if req.status.terminal:
@@ -188,7 +185,7 @@ class FastForward:
     table = tables.pages_of
     rows = [(r.output_ids[-1], r.prompt_len + len(r.output_ids) - 1, table(r.id),
              r.sampling.temperature, r.sampling_seed, r.sampling.top_p) for r in plan.decodes]
-    self.samples.append(w.state_sample(now))
+    self.samples.add(w.state_sample(now))
     t1 = self.clock.now()
     try:
       pending, slow = w.instance.decode(rows), self.injector.slow_factor(w.name, now)

@@ -14,10 +14,9 @@ import dataclasses
 from collections import deque
 
 from pdjax.request import Request
+from pdjax.scheduler.records import SAMPLE_STATE
 
 EWMA = 0.3   # weight of the newest measurement in the measured rates
-STATE_KEYS = ("role", "queued", "running", "kv_pages_used", "kv_pages_total",
-              "kv_pages_cached")   # what a state sample must differ in from the latest one
 
 
 @dataclasses.dataclass
@@ -83,7 +82,7 @@ class InstanceQueue:
     self.prefill_drain_tok_s: float | None = None   # per second of wall time with a queue
     self._drain_from: float | None = None     # when the current backlog period's clock started
     self.decode_step_s: float | None = None
-    self.latest_sample: dict | None = None    # the driver's latest sample of its state
+    self.latest_sample: tuple | None = None   # the driver's latest sample of its state (a row)
     self.chain_safe_until: float | None = None   # its chain cannot preempt before (until
                                                  # touched): scheduler/decode_segments.py
 
@@ -155,30 +154,25 @@ class InstanceQueue:
       return held
     return held + self.instance.host_page_weight * host.held_prefix(names[held:], salt)
 
-  def state_sample(self, now: float) -> dict:
+  def state_sample(self, now: float) -> tuple:
     """A sample of the state the tier statistics read (RunResult.samples): queue, running
-    batch, KV pool (and the node's host tier's pages, when it has one), at `now`."""
+    batch, KV pool (and the node's host tier's pages, when it has one), at `now`: a row of
+    scheduler/records.py's SAMPLE_FIELDS."""
     tables = self.tables
-    sample = {"t": now, "instance": self.name, "role": self.role,
-              "queued": len(self.waiting), "running": len(self.running),
-              "kv_pages_used": tables.num_used_pages,
-              "kv_pages_total": tables.allocator.num_pages,
-              "kv_pages_cached": tables.num_cached_idle_pages,
-              "kv_slots_unused": tables.num_unused_slots}
-    if tables.host is not None:
-      sample["host_tier_pages"] = len(tables.host)
-    return sample
+    return (now, self.name, self.role, len(self.waiting), len(self.running),
+            tables.num_used_pages, tables.allocator.num_pages, tables.num_cached_idle_pages,
+            tables.num_unused_slots, None if tables.host is None else len(tables.host))
 
-  def record_state_change(self, samples: list[dict], now: float) -> None:
-    """Appends a sample of this instance's state at `now` to the run's samples unless it
-    equals its latest sample in STATE_KEYS (the state the statistics read): the samples are
+  def record_state_change(self, samples, now: float) -> None:
+    """Adds a sample of this instance's state at `now` to the run's samples unless it equals
+    its latest sample in the state the statistics read (records.SAMPLE_STATE): the samples are
     then the state's changes, each holding until the next one (pdjax/metrics/timeline.py
     weights them so; a queue a prefill emptied holds only for that prefill, not for the idle
     gap after it), and an idle instance adds none."""
     sample, latest = self.state_sample(now), self.latest_sample
-    if latest is not None and all(latest[k] == sample[k] for k in STATE_KEYS):
+    if latest is not None and latest[SAMPLE_STATE] == sample[SAMPLE_STATE]:
       return
-    samples.append(sample)
+    samples.add(sample)
     self.latest_sample = sample
 
   def pages_for(self, num_tokens: int) -> int:

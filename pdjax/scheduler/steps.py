@@ -65,14 +65,10 @@ class Steps:
       call = lambda: w.instance.prefill(seqs, *prev)
     else:
       kind, call = "decode", lambda: w.instance.decode(decode_rows, *prev)
-    self.samples.append({"t": now, "instance": w.name, "role": w.role,
-                         "queued": w.num_waiting(), "running": len(w.running),
-                         "kv_pages_used": w.tables.num_used_pages,
-                         "kv_pages_total": w.total_pages(),
-                         "kv_pages_cached": w.tables.num_cached_idle_pages,
-                         "kv_slots_unused": w.tables.num_unused_slots})
-    if w.tables.host is not None:   # the node's host KV tier, as this dispatch saw it
-      self.samples[-1]["host_tier_pages"] = len(w.tables.host)
+    tables = w.tables   # (records.SAMPLE_FIELDS; the node's host KV tier as this dispatch saw it)
+    self.samples.add((now, w.name, w.role, w.num_waiting(), len(w.running),
+                      tables.num_used_pages, w.total_pages(), tables.num_cached_idle_pages,
+                      tables.num_unused_slots, None if tables.host is None else len(tables.host)))
     t1 = self.clock.now()
     try:
       pending, slow = call(), self.injector.slow_factor(w.name, now)

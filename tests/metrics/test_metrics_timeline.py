@@ -1,6 +1,6 @@
 """Tests for pdjax.metrics.timeline: tier stats, reject grouping, preemptions (hand-made
 inputs, hand-computed numbers); tier_stats equal to its per-sample Python version on simulated
-and random records; columns.Records."""
+and random records."""
 
 import pytest
 
@@ -311,21 +311,8 @@ def test_tier_stats_matches_the_reference_on_random_records():
   assert_same(tier_stats(STEPS, SAMPLES, 10.0), old_tier_stats(STEPS, SAMPLES, 10.0))
 
 
-def test_records_keep_their_columns_until_changed():
-  """A Records list is read once per key: the same (read-only) arrays again, new ones after a
-  change; the stats are those of a plain list."""
+def test_numbers_fill_a_missing_key_with_its_default_or_raise():
   from pdjax.metrics import columns
-  steps = columns.Records(STEPS)
-  first, = columns.numbers(steps, ("start_s",))
-  again, = columns.numbers(steps, ("start_s",))
-  assert again is first and not first.flags.writeable
-  assert columns.codes(steps, "instance")[1] == ["d0", "p0"]
-  assert tier_stats(steps, columns.Records(SAMPLES), 10.0) == tier_stats(STEPS, SAMPLES, 10.0)
-  steps.append(step("q0", "decode", "decode", 1.0, 2.0, 1))
-  assert columns.numbers(steps, ("start_s",))[0].tolist() == [s["start_s"] for s in steps]
-  assert columns.codes(steps, "instance")[1] == ["d0", "p0", "q0"]
-  steps[0] = step("a", "prefill", "prefill", 9.0, 9.5, 1)
-  assert columns.numbers(steps, ("start_s",))[0][0] == 9.0
   assert columns.numbers([{"x": 1.0}, {}], ("x",), {"x": 5.0})[0].tolist() == [1.0, 5.0]
   with pytest.raises(KeyError):
     columns.numbers([{"x": 1.0}, {}], ("x",))

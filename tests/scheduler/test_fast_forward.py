@@ -60,7 +60,7 @@ def _run(tmp_path, overrides: dict, fast_forward: bool):
     summary, result, _ = execute(cfg, mcfg, run, None, quiet=True)
     folder = tmp_path / f"ff{int(fast_forward)}" / run
     write_outputs(str(folder), cfg, run, summary, result)
-    out[run] = (folder, json.dumps([result.steps, result.samples], sort_keys=True))
+    out[run] = (folder, json.dumps([list(result.steps), list(result.samples)], sort_keys=True))
     counts[run] = (result.fast_forwarded, result.segment_steps, result.preemptions)
   return out, counts
 
