@@ -23,6 +23,7 @@ import numpy as np
 
 from pdjax.engine import attention as attn_lib
 from pdjax.engine import batch as batch_lib
+from pdjax.engine import layer_groups
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
 from pdjax.engine import ready_wait
@@ -117,6 +118,9 @@ class Instance:
     self.lazy_compiles = 0         # step programs compiled on first use (lazy_compile)
     self.lazy_compile_s = 0.0      # seconds those compiles took (inside the serving loop)
     self._prefill, self._decode, self._gather, self._scatter = {}, {}, {}, {}
+    # kv.stream_layers: per (bucket, layer group) prefill programs, per layer group transfer
+    # programs (engine/layer_groups.py)
+    self._prefill_groups, self._gather_groups, self._scatter_groups = {}, {}, {}
 
   # ---- compilation -------------------------------------------------------------------------
 
@@ -167,6 +171,9 @@ class Instance:
       for n in o.transfer_buckets:
         self._scatter[n] = transfer.compile_scatter(self, n)
         done(f"{self.name} KV scatter, {n} pages")
+    if o.stream_layers:
+      layer_groups.warm_up(self, prefill=prefill and not o.lazy_compile,
+                           transfer_to_tp=transfer_to_tp, receive=receive, on_program=done)
 
   @staticmethod
   def warm_up_programs(opts: EngineOptions, *, prefill: bool, decode: bool,
@@ -174,7 +181,10 @@ class Instance:
     """How many programs `warm_up` with these arguments compiles."""
     steps = 0 if opts.lazy_compile else (len(opts.prefill_buckets) * prefill
                                          + len(opts.decode_buckets) * decode)
-    return steps + len(opts.transfer_buckets) * (len(transfer_to_tp) + receive)
+    groups = opts.stream_layers * (
+        (0 if opts.lazy_compile else len(opts.prefill_buckets) * prefill)
+        + len(opts.transfer_buckets) * (len(transfer_to_tp) + receive))
+    return steps + len(opts.transfer_buckets) * (len(transfer_to_tp) + receive) + groups
 
   def _padding_batch(self, kind: str, n: int) -> dict:
     return batch_lib.padding_batch(kind, self.geom, n, self.opts.max_prefill_seqs)
@@ -220,18 +230,43 @@ class Instance:
 
   # ---- steps -------------------------------------------------------------------------------
 
-  def prefill(self, seqs, prev: PendingTokens | None = None) -> PendingTokens:
+  def prefill(self, seqs, prev: PendingTokens | None = None, streams=None) -> PendingTokens:
     """The ragged step: seqs is a list of (token_ids, start, pages, temperature, seed) — whole
     prompts, prompt chunks after a cached prefix, or one-token decode rows (mixed batches; the
     token may be a PendingToken of `prev`). Dispatches without waiting; the result holds each
-    sequence's next token."""
+    sequence's next token.
+    streams (kv.stream_layers > 0): [(decode Instance, source pages, destination pages)], KV
+    sent layer group by layer group while the step computes (engine/layer_groups.py); the
+    result's `streams` holds their transfers in flight, in that order."""
     t0 = time.perf_counter()
     if self.host_copies is not None:
       self.host_copies.land()
     n = batch_lib.pick_bucket(self.opts.prefill_buckets, sum(len(s[0]) for s in seqs))
     flat = batch_lib.pack(batch_lib.prefill_batch(self.geom, seqs, num_tokens=n,
                                                   max_seqs=self.opts.max_prefill_seqs))
-    return self._launch(self._lazy("prefill", n), flat, prev, len(seqs), t0)
+    if not streams:
+      return self._launch(self._lazy("prefill", n), flat, prev, len(seqs), t0)
+    if not self.opts.stream_layers:
+      raise ValueError(f"{self.name}: streams given but kv.stream_layers is 0")
+    t1 = time.perf_counter()
+    with device_errors():
+      tokens, sent = layer_groups.streamed_prefill(
+          self, lambda layers: self._group_program(n, layers), flat,
+          self._no_prev if prev is None else prev.device_tokens, streams)
+    pending = PendingTokens(tokens, len(seqs), build_s=t1 - t0,
+                            dispatch_s=time.perf_counter() - t1)
+    pending.streams = sent
+    return pending
+
+  def _group_program(self, n: int, layers: tuple[int, int]):
+    """Prefill bucket n's program for one layer group (compiled in warm-up, or now)."""
+    key = (n, layers)
+    if key not in self._prefill_groups:
+      self._prefill_groups[key] = layer_groups.compile_group_program(
+          self, n, layers, dict(attention=attn_lib.resolve_impl(self.opts.attention_impl,
+                                                                self.mesh),
+                                layout=self.param_layout))
+    return self._prefill_groups[key]
 
   def decode(self, seqs, prev: PendingTokens | None = None) -> PendingTokens:
     """seqs: list of (last_token, position, pages, temperature, seed); last_token may be a

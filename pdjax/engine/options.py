@@ -20,6 +20,8 @@ class EngineOptions:
   param_layout: str = "auto"           # "auto" | "stacked" | "unrolled" (model.param_layout)
   lazy_compile: bool = False           # compile a step bucket on its first use instead of in
                                        # warm-up (offline runs: unused buckets cost nothing)
+  stream_layers: int = 0               # kv.stream_layers: layer groups a streamed prefill runs
+                                       # as (0: off; engine/layer_groups.py)
 
   @property
   def pages_per_seq(self) -> int:

@@ -81,15 +81,19 @@ def bind_step(kind: str, model: Llama, *, seed: int, layout, token_rows: int):
                            token_rows=token_rows)
 
 
-def gather_pages(kv, page_ids):
-  """kv: (k, v) pools [L, KVH, P, ps, D]; page_ids int32 [n] -> [2, L, KVH, n, ps, D]."""
-  return jnp.stack([kv[0][:, :, page_ids], kv[1][:, :, page_ids]])
+def gather_pages(kv, page_ids, layers: tuple[int, int] | None = None):
+  """kv: (k, v) pools [L, KVH, P, ps, D]; page_ids int32 [n] -> [2, L, KVH, n, ps, D] (with
+  layers=(a, b): only those layers, [2, b - a, KVH, n, ps, D])."""
+  at = slice(None) if layers is None else slice(*layers)
+  return jnp.stack([kv[0][at, :, page_ids], kv[1][at, :, page_ids]])
 
 
-def scatter_pages(kv, pages, page_ids):
-  """Writes pages [2, L, KVH, n, ps, D] into the pools at page_ids (out-of-range ids dropped)."""
-  k = kv[0].at[:, :, page_ids].set(pages[0], mode="drop")
-  v = kv[1].at[:, :, page_ids].set(pages[1], mode="drop")
+def scatter_pages(kv, pages, page_ids, layers: tuple[int, int] | None = None):
+  """Writes pages [2, L, KVH, n, ps, D] into the pools at page_ids (out-of-range ids dropped);
+  with layers=(a, b), pages hold layers a..b only and are written there."""
+  at = slice(None) if layers is None else slice(*layers)
+  k = kv[0].at[at, :, page_ids].set(pages[0], mode="drop")
+  v = kv[1].at[at, :, page_ids].set(pages[1], mode="drop")
   return k, v
 
 

@@ -84,13 +84,15 @@ def _piece_plan(src_devices, dst_tp: int):
   return shardings, [(j % s, src_devices[j // s]) for j in range(dst_tp)]
 
 
-def gather_function(src_tp: int, dst_tp: int, slots: tuple[int, ...]):
+def gather_function(src_tp: int, dst_tp: int, slots: tuple[int, ...],
+                    layers: tuple[int, int] | None = None):
   """The source program's body: (kv pools, page ids [sum(slots)]) -> for each slot (in order),
   its pages [2, L, KVH, n, ps, D] laid out for `piece_shardings` (one array, or a source
   shard's kv heads cut in dst_tp / src_tp). Each slot is gathered straight from the pools (no
   bucket-sized intermediate); a slot after the first whose first id is negative is empty
   (`Plan.ids(..., EMPTY)`): it is zeros, not gathered (on a CPU host gathering it cost as
-  much as the pages it would have moved)."""
+  much as the pages it would have moved). layers=(a, b): those layers only (a layer group's
+  KV, streamed: engine/layer_groups.py)."""
   s = max(dst_tp // src_tp, 1)
   offsets = np.cumsum((0,) + tuple(slots))
 
@@ -99,18 +101,21 @@ def gather_function(src_tp: int, dst_tp: int, slots: tuple[int, ...]):
     for i, (a, n) in enumerate(zip(offsets, slots)):
       ids = page_ids[a:a + n]
       if i == 0:
-        pages = programs.gather_pages(kv, ids)                 # [2, L, KVH, n, ps, D]
+        pages = programs.gather_pages(kv, ids, layers)         # [2, L, KVH, n, ps, D]
       else:
-        layers, kvh, _, ps, d = kv[0].shape
+        num_layers, kvh, _, ps, d = kv[0].shape
+        if layers is not None:
+          num_layers = layers[1] - layers[0]
         pages = jax.lax.cond(
-            ids[0] >= 0, lambda ids=ids: programs.gather_pages(kv, ids),
-            lambda n=n: jnp.zeros((2, layers, kvh, n, ps, d), kv[0].dtype))
+            ids[0] >= 0, lambda ids=ids: programs.gather_pages(kv, ids, layers),
+            lambda n=n: jnp.zeros((2, num_layers, kvh, n, ps, d), kv[0].dtype))
       if s == 1:
         out.append(pages)
         continue
-      two, layers, kvh = pages.shape[:3]
-      split = pages.reshape(two, layers, src_tp, s, kvh // dst_tp, *pages.shape[3:])
-      out += [split[:, :, :, j].reshape(two, layers, -1, *pages.shape[3:]) for j in range(s)]
+      two, num_layers, kvh = pages.shape[:3]
+      split = pages.reshape(two, num_layers, src_tp, s, kvh // dst_tp, *pages.shape[3:])
+      out += [split[:, :, :, j].reshape(two, num_layers, -1, *pages.shape[3:])
+              for j in range(s)]
     return tuple(out)
   return gather
 
@@ -120,37 +125,38 @@ def gather_shardings(src_mesh, dst_tp: int, slots: tuple[int, ...]) -> tuple:
   return tuple(piece_shardings(src_mesh, dst_tp)) * len(slots)
 
 
-def compile_gather(src, b: int, dst_tp: int):
+def compile_gather(src, b: int, dst_tp: int, layers: tuple[int, int] | None = None):
   """Source program of bucket b: gather its slots, resharded into destination-shaped pieces.
   Returns (program, route): route[j] = (output index within a slot, source device) of
-  destination device j's slice."""
+  destination device j's slice. layers: a layer group's (None: every layer)."""
   slots = slot_sizes(src.opts.transfer_buckets, b)
   _, route = _piece_plan(list(src.mesh.devices.flat), dst_tp)
-  compiled = src._compile(gather_function(src.tp, dst_tp, slots),
+  compiled = src._compile(gather_function(src.tp, dst_tp, slots, layers),
                           (src.kv, np.zeros(sum(slots), np.int32)),
                           (src._kv_sh, src._rep),
                           gather_shardings(src.mesh, dst_tp, slots))
   return compiled, route
 
 
-def scatter_function(slots: tuple[int, ...]):
+def scatter_function(slots: tuple[int, ...], layers: tuple[int, int] | None = None):
   """The destination program's body: (kv pools, pieces, page ids [sum(slots)]) -> kv pools,
   each slot's piece [2, L, KVH, n, ps, D] written at its ids (out-of-range ids dropped; a
   slot after the first whose first id is out of range is skipped, its blank never read).
   pieces: one array per slot; a one-slot bucket's program is `programs.scatter_pages`
-  itself (pieces a bare array)."""
+  itself (pieces a bare array). layers=(a, b): the pieces hold those layers only."""
   if len(slots) == 1:
-    return programs.scatter_pages
+    return lambda kv, pages, ids: programs.scatter_pages(kv, pages, ids, layers)
   offsets = np.cumsum((0,) + tuple(slots))
 
   def scatter(kv, pieces, page_ids):
     for i, (a, n, pages) in enumerate(zip(offsets, slots, pieces)):
       ids = page_ids[a:a + n]
       if i == 0:
-        kv = programs.scatter_pages(kv, pages, ids)
+        kv = programs.scatter_pages(kv, pages, ids, layers)
       else:
         kv = jax.lax.cond(ids[0] < kv[0].shape[2],
-                          lambda kv, pages=pages, ids=ids: programs.scatter_pages(kv, pages, ids),
+                          lambda kv, pages=pages, ids=ids: programs.scatter_pages(kv, pages, ids,
+                                                                                  layers),
                           lambda kv: kv, kv)
     return kv
   return scatter
@@ -164,17 +170,23 @@ def scatter_shardings(mesh, num_slots: int = 1) -> tuple[tuple, tuple]:
   return (kv, pieces, mesh_lib.replicated(mesh)), kv
 
 
-def compile_scatter(dst, b: int, known: dict | None = None):
+def compile_scatter(dst, b: int, known: dict | None = None,
+                    layers: tuple[int, int] | None = None):
   """Destination program of bucket b, pools donated. Returns (program, blanks): blanks[i] is
   an array of slot i's shape on dst's mesh that stands in for a slot a transfer leaves empty
   (its ids are out of range, so it is never written); None for slot 0, always filled.
-  known: blanks by size to reuse (default: those of dst's other scatter programs)."""
+  known: blanks by size to reuse (default: those of dst's other scatter programs; a layer
+  group's program (layers=(a, b)) must be given those of its own group size)."""
   slots = slot_sizes(dst.opts.transfer_buckets, b)
-  layers, kvh, _, ps, d = dst.kv_pool_shape
-  shape = lambda n: (2, layers, kvh, n, ps, d)   # noqa: E731
+  num_layers, kvh, _, ps, d = dst.kv_pool_shape
+  if layers is not None:
+    num_layers = layers[1] - layers[0]
+    if known is None:
+      raise ValueError("a layer group's scatter needs its own blanks (known)")
+  shape = lambda n: (2, num_layers, kvh, n, ps, d)   # noqa: E731
   args = tuple(jax.ShapeDtypeStruct(shape(n), dst.dtype) for n in slots)
   in_sh, out_sh = scatter_shardings(dst.mesh, len(slots))
-  compiled = dst._compile(scatter_function(slots), (dst.kv, args[0] if len(slots) == 1 else args,
+  compiled = dst._compile(scatter_function(slots, layers), (dst.kv, args[0] if len(slots) == 1 else args,
                                                     np.zeros(sum(slots), np.int32)),
                           in_sh, out_sh, donate=(0,))
   if known is None:
@@ -224,19 +236,22 @@ class PendingTransfer:
     return TransferResult(bytes=self.bytes_moved, seconds=self._seconds)
 
 
-def transfer_kv_async(src, src_pages: list[int], dst, dst_pages: list[int]) -> PendingTransfer:
+def transfer_kv_async(src, src_pages: list[int], dst, dst_pages: list[int],
+                      layers: tuple[int, int] | None = None) -> PendingTransfer:
   """Dispatches the copy of src_pages (source pool) into dst_pages (destination pool) and
   returns at once: the scheduler keeps stepping other instances while the pages move. The
   destination's pool is updated in dispatch order, so its later steps see the pages; the
-  source pages must stay allocated until the transfer is ready."""
+  source pages must stay allocated until the transfer is ready. layers=(a, b): only those
+  layers' KV (a layer group, streamed while the next group computes: engine/layer_groups.py)."""
   if len(src_pages) != len(dst_pages):
     raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} destination")
   start = time.perf_counter()
   with device_errors():
-    shards = gather_shards(src, src_pages, dst.tp)
+    shards = gather_shards(src, src_pages, dst.tp, layers)
     moved = jax.device_put(shards, _destinations(dst, len(shards)))
-    landed = land_shards(dst, moved, dst_pages)
-  return PendingTransfer(landed, start, len(src_pages) * page_bytes(dst))
+    landed = land_shards(dst, moved, dst_pages, layers)
+  share = 1.0 if layers is None else (layers[1] - layers[0]) / dst.kv_pool_shape[0]
+  return PendingTransfer(landed, start, round(len(src_pages) * page_bytes(dst) * share))
 
 
 def transfer_kv(src, src_pages: list[int], dst, dst_pages: list[int]) -> TransferResult:
@@ -263,13 +278,15 @@ def _destinations(dst, num_shards: int) -> list:
   return list(dst.mesh.devices.flat) * (num_shards // dst.tp)
 
 
-def gather_shards(src, src_pages, dst_tp: int) -> list:
+def gather_shards(src, src_pages, dst_tp: int, layers: tuple[int, int] | None = None) -> list:
   """Source half of a transfer, one program: for each filled slot of the pages' plan, the
   single-device arrays that destination devices 0..dst_tp-1 take whole, each
   [2, layers, kv_heads / dst_tp, n, page_size, head_dim] on one source device. Slot-major:
-  the plan's p-th piece, destination device j is item p * dst_tp + j."""
+  the plan's p-th piece, destination device j is item p * dst_tp + j. layers: a layer
+  group's (its program compiled by `compile_gather(..., layers)`)."""
   plan = transfer_plan(src.opts.transfer_buckets, len(src_pages))
-  gather, route = src._gather[(plan.bucket, dst_tp)]
+  gather, route = (src._gather[(plan.bucket, dst_tp)] if layers is None else
+                   src._gather_groups[(plan.bucket, dst_tp, layers)])
   outs = gather(src.kv, plan.ids(src_pages, EMPTY))
   per = len(outs) // len(plan.slots)
   shards = []
@@ -290,18 +307,21 @@ def shard_shapes(dst, k: int) -> list[tuple[int, ...]]:
   return [(2, layers, kvh // dst.tp, n, ps, d) for n in plan.pieces for _ in range(dst.tp)]
 
 
-def land_shards(dst, shards: list, dst_pages) -> list:
+def land_shards(dst, shards: list, dst_pages, layers: tuple[int, int] | None = None) -> list:
   """Destination half, one program: assembles each filled slot's piece from its single-device
   arrays (already on dst's devices, in `gather_shards`' order) and scatters every slot into
   dst's pool at dst_pages (ids out of range write nothing). Returns the assembled pieces
   (ready once landed)."""
   plan = transfer_plan(dst.opts.transfer_buckets, len(dst_pages))
-  layers, kvh, _, ps, d = dst.kv_pool_shape
+  num_layers, kvh, _, ps, d = dst.kv_pool_shape
+  if layers is not None:
+    num_layers = layers[1] - layers[0]
   sharding, per = NamedSharding(dst.mesh, PAGES_SPEC), dst.tp
-  pieces = [jax.make_array_from_single_device_arrays((2, layers, kvh, n, ps, d), sharding,
+  pieces = [jax.make_array_from_single_device_arrays((2, num_layers, kvh, n, ps, d), sharding,
                                                      shards[p * per:(p + 1) * per])
             for p, n in enumerate(plan.pieces)]
-  scatter_pieces(dst, dst._scatter, plan, pieces, dst_pages)
+  scatter_pieces(dst, dst._scatter if layers is None else dst._scatter_groups[layers], plan,
+                 pieces, dst_pages)
   return pieces
 
 

@@ -163,6 +163,11 @@ class Llama(nn.Module):
   attention: AttentionOps = AttentionOps()   # which paged attention runs
   layout: str = "stacked"   # how the params are held (param_layout.py): "stacked" layers run
                             # by nn.scan, or "unrolled" (one tree per layer; CPU TP1)
+  layers: tuple[int, int] | None = None   # run only layers [a, b) (a layer group: KV
+                            # streaming, engine/layer_groups.py): from layer a > 0 the input is
+                            # the hidden state [T, hidden], not tokens; below the last layer the
+                            # output is the hidden state, not logits. Stacked params are then
+                            # those of layers a..b only (layer_group_params).
 
   @nn.compact
   def __call__(self, tokens, kv, meta, logits_indices):
@@ -178,18 +183,24 @@ class Llama(nn.Module):
                          f"implemented)")
     if self.layout not in LAYOUTS:
       raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+    first, last = self.layers or (0, cfg.num_layers)
+    if not 0 <= first < last <= cfg.num_layers:
+      raise ValueError(f"layers must be a range within [0, {cfg.num_layers}), got "
+                       f"{self.layers}")
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype,
                      param_dtype=self.dtype, name="embed_tokens")
-    x = embed(tokens)
+    x = embed(tokens) if first == 0 else tokens
     if self.layout == "unrolled":   # one layer body per layer, each reading its own arrays
-      for layer in range(cfg.num_layers):
+      for layer in range(first, last):
         (x, kv), _ = DecoderLayer(cfg, self.mode, self.dtype, self.attention,
                                   name=f"layers_{layer}")((x, kv), jnp.int32(layer), meta)
     else:
       layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                       in_axes=(0, nn.broadcast), length=cfg.num_layers)
+                       in_axes=(0, nn.broadcast), length=last - first)
       (x, kv), _ = layers(cfg, self.mode, self.dtype, self.attention, name="layers")(
-          (x, kv), jnp.arange(cfg.num_layers), meta)
+          (x, kv), jnp.arange(first, last), meta)
+    if last < cfg.num_layers:
+      return x, kv
     x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
     x = x[logits_indices]
     if cfg.tie_word_embeddings:
@@ -198,6 +209,18 @@ class Llama(nn.Module):
       logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=self.dtype,
                         param_dtype=self.dtype, name="lm_head")(x)
     return logits.astype(jnp.float32), kv
+
+
+def layer_group_params(params, layers: tuple[int, int], layout: str = "stacked"):
+  """The params a `Llama(layers=layers)` applies: stacked layer params sliced to the group's
+  layers (inside a jitted program: a static slice); unrolled ones are named per layer and
+  taken as they are."""
+  if layout != "stacked":
+    return params
+  first, last = layers
+  inner = dict(params["params"])
+  inner["layers"] = jax.tree_util.tree_map(lambda p: p[first:last], inner["layers"])
+  return {**params, "params": inner}
 
 
 def init_params(cfg: LlamaConfig, seed: int, dtype=jnp.float32):
