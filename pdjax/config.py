@@ -284,6 +284,16 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(kv.get("cache_pages", 0) >= 0, "kv.cache_pages", kv.get("cache_pages", 0),
            "must be >= 0 (0: the whole pool)")
   _require(kv.get("ttl_s", 0.0) >= 0, "kv.ttl_s", kv.get("ttl_s", 0.0), "must be >= 0 (0: never)")
+  stream = kv.get("stream_layers", 0)
+  _require(isinstance(stream, int) and 0 <= stream <= mcfg.num_layers, "kv.stream_layers", stream,
+           f"must be an int in [0, {mcfg.num_layers}] (0: off; at most the model's layers)")
+  _require(isinstance(kv.get("stream_min_tokens", 0), int) and kv.get("stream_min_tokens", 0) >= 0,
+           "kv.stream_min_tokens", kv.get("stream_min_tokens", 0), "must be an int >= 0")
+  if stream:
+    _require(launcher(cfg) == "local", "kv.stream_layers", stream,
+             "needs cluster.launcher=local (not streamed through Ray actors yet)")
+    _require(kv.get("host_tier_handoff", "transfer") == "transfer", "kv.stream_layers", stream,
+             "needs kv.host_tier_handoff=transfer (a host-tier hand-off is not streamed)")
   _require(kv.get("eviction", "lru") in EVICTION_POLICIES, "kv.eviction", kv.get("eviction"),
            f"is not one of {', '.join(EVICTION_POLICIES)}")
   flush_schedule(cfg)

@@ -117,6 +117,16 @@ class Request:
     return self.token_times[0] - self.arrival_s if self.token_times else None
 
   @property
+  def transfer_exposed_s(self) -> float | None:
+    """The part of the KV transfer after the prefill's compute ended (the gap before the
+    decode instance may start): all of it when sent after prefill, the tail of the last layer
+    group when streamed (kv.stream_layers). None without a landed transfer."""
+    if self.transfer_end_s is None or self.prefill_end_s is None:
+      return None
+    start = self.transfer_start_s if self.transfer_start_s is not None else self.prefill_end_s
+    return max(self.transfer_end_s - max(start, self.prefill_end_s), 0.0)
+
+  @property
   def e2e_s(self) -> float | None:
     return self.token_times[-1] - self.arrival_s if self.token_times else None
 
@@ -185,6 +195,7 @@ class Request:
         "decode_instance": self.decode_instance,
         "transfer_bytes": self.transfer_bytes,
         "transfer_s": self.transfer_s,
+        "transfer_exposed_s": self.transfer_exposed_s,
         "tenant": self.tenant,
         "cached_tokens": self.cached_tokens,
         "decode_cached_tokens": self.decode_cached_tokens,

@@ -75,6 +75,9 @@ def get_config(arg=None):
   c.kv.transfer_backoff_s = 0.005          # first retry's delay (doubles per retry)
   c.kv.transfer_timeout_s = 0.0            # an attempt stalled longer fails (0: no timeout)
   c.kv.lease_s = 60.0                      # prefill KV no decode instance pulls: reclaimed (0: never)
+  c.kv.stream_layers = 0                   # disaggregated: send a prompt's KV in this many layer
+                                           #   groups while its prefill computes (0: after it)
+  c.kv.stream_min_tokens = 512             # shorter prompts are sent whole after prefill
 
   c.scheduler = ml_collections.ConfigDict()
   c.scheduler.prefill_buckets = (128, 512, 1792)      # packed prompt tokens per prefill step

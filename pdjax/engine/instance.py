@@ -88,6 +88,7 @@ def place_params(mesh, params, num_layers: int = 0, layout: str = "stacked"):
 class Instance:
 
   device_tokens = True   # steps take PendingToken inputs: the driver may overlap steps
+  streams_kv = True      # prefill(..., streams=...): KV streamed by layer groups (layer_groups.py)
 
   def __init__(self, spec: mesh_lib.InstanceSpec, cfg: LlamaConfig, params,
                opts: EngineOptions):
@@ -230,7 +231,8 @@ class Instance:
 
   # ---- steps -------------------------------------------------------------------------------
 
-  def prefill(self, seqs, prev: PendingTokens | None = None, streams=None) -> PendingTokens:
+  def prefill(self, seqs, prev: PendingTokens | None = None, *,
+              streams=None) -> PendingTokens:
     """The ragged step: seqs is a list of (token_ids, start, pages, temperature, seed) — whole
     prompts, prompt chunks after a cached prefix, or one-token decode rows (mixed batches; the
     token may be a PendingToken of `prev`). Dispatches without waiting; the result holds each

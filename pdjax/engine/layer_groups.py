@@ -28,23 +28,9 @@ from pdjax.engine import batch as batch_lib
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
 from pdjax.engine import ready_wait
+from pdjax.engine.options import group_bounds  # noqa: F401  (re-exported)
 from pdjax.engine.sampling import row_keys, sample
 from pdjax.models.llama import Llama, layer_group_params
-
-
-def group_bounds(num_layers: int, groups: int) -> tuple[tuple[int, int], ...]:
-  """G consecutive layer ranges covering [0, num_layers), sizes differing by at most one, the
-  larger first (the last group's transfer is the exposed one: keep it the smallest)."""
-  if not 1 <= groups <= num_layers:
-    raise ValueError(f"layer groups must be in [1, {num_layers}] (the model's layers), "
-                     f"got {groups}")
-  base, extra = divmod(num_layers, groups)
-  out, at = [], 0
-  for g in range(groups):
-    size = base + (g < extra)
-    out.append((at, at + size))
-    at += size
-  return tuple(out)
 
 
 def prefill_group(params, kv, flat, carry, *, model: Llama, seed: int, layout, token_rows: int):

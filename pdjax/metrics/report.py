@@ -58,7 +58,8 @@ def _report_md(summary: dict, extras: dict | None = None) -> str:
          if info else "") + f"; output {summary['output_tok_s']:.1f} tok/s",
       f"- KV transfer: {kv['count']} ok ({kv['bytes'] / _MIB:.2f} MiB), "
       f"mean {_ms(kv['mean_s'])} ms, p99 {_ms(kv['p99_s'])} ms, "
-      f"{kv['failures']} failed",
+      f"{kv['failures']} failed; exposed after prefill: mean "
+      f"{_ms(kv.get('exposed_mean_s'))} ms, p99 {_ms(kv.get('exposed_p99_s'))} ms",
       f"- Compiles: {summary['compiles']} by XLA, "
       f"{summary.get('compiles_from_cache', 0)} served by the compilation cache",
       f"- Leaked KV pages: {summary['kv_pages_leaked']}",

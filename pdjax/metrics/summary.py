@@ -48,6 +48,14 @@ def _transfer_stats(transfers: Sequence[dict]) -> dict:
   }
 
 
+def _exposed_stats(requests: Sequence[Request]) -> dict:
+  """The landed transfers' exposed part (Request.transfer_exposed_s: after the prefill ended;
+  kv.stream_layers hides the rest behind the prefill)."""
+  exposed = percentiles([r.transfer_exposed_s for r in requests
+                         if r.transfer_exposed_s is not None])
+  return {"exposed_mean_s": exposed["mean"], "exposed_p99_s": exposed["p99"]}
+
+
 def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
               slo_ttft_s: float, slo_tpot_s: float, transfers: Sequence[dict],
               compiles: int, kv_pages_leaked: int, compiles_from_cache: int = 0) -> dict:
@@ -84,7 +92,7 @@ def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
       "slo_attainment_admitted": num_good / admitted if admitted else 0.0,
       "goodput_rps": num_good / duration_s,
       "output_tok_s": output_tokens / duration_s,
-      "kv_transfer": _transfer_stats(transfers),
+      "kv_transfer": {**_transfer_stats(transfers), **_exposed_stats(requests)},
       "compiles": compiles,
       "compiles_from_cache": compiles_from_cache,
       "kv_pages_leaked": kv_pages_leaked,

@@ -107,6 +107,8 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
                       transfer_retries=kv.transfer_retries,
                       transfer_backoff_s=kv.transfer_backoff_s,
                       transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
+                      stream_layers=kv.get("stream_layers", 0) if mode == "disaggregated" else 0,
+                      stream_min_tokens=kv.get("stream_min_tokens", 0),
                       debug=cfg.debug, overlap=_overlap(cfg))
   return mode, instances, serve_kwargs
 

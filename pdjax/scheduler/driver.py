@@ -49,6 +49,7 @@ from pdjax.scheduler.records import SAMPLE_FIELDS, STEP_FIELDS, new_records
 from pdjax.scheduler.recovery import Recovery
 from pdjax.scheduler.spill import SpilledList
 from pdjax.scheduler.steps import Steps
+from pdjax.scheduler.streams import Streams
 from pdjax.scheduler.tally import Tally
 from pdjax.scheduler.transfers import Transfers
 
@@ -81,6 +82,9 @@ class DriverOptions:
                              # reach the host (instances with `device_tokens`; see steps.py)
   fast_forward: bool = True  # virtual clock: run decode chains between events without a loop
                              # turn per step (identical results; see fast_forward.py)
+  stream_layers: int = 0     # kv.stream_layers: a prompt's KV streamed to its decode instance
+                             # while it prefills (instances with `streams_kv`; streams.py)
+  stream_min_tokens: int = 0   # shorter prompts are sent whole after their prefill
 
 
 @dataclasses.dataclass
@@ -122,8 +126,8 @@ def default_policies(options: DriverOptions) -> policy_lib.Policies:
                                       max_prefill_seqs=options.max_prefill_seqs))
 
 
-class Driver(Admission, Steps, Collect, FastForward, DecodeSegments, Transfers, Recovery,
-             Invariants):
+class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Transfers,
+             Recovery, Invariants):
 
   def __init__(self, mode: str, workers: list[InstanceQueue], *, options: DriverOptions, clock,
                transfer_fn=None, policies: policy_lib.Policies | None = None,

@@ -30,8 +30,8 @@ Required (the Protocols' own members):
   TransferFn       (src, src_pages, dst, dst_pages) -> PendingTransfer (or TransferLanded)
 Optional (read with getattr, or only on some paths; listed with what each must be, a type or a
 signature, in OPTIONAL_INSTANCE and OPTIONAL_PENDING, and checked where present):
-  instance         device_tokens, overlap_by_default, compiles_from_cache, lazy_compiles,
-                   host_page_weight, handoff, host_stats, host, kill(), restart(),
+  instance         device_tokens, streams_kv, overlap_by_default, compiles_from_cache,
+                   lazy_compiles, host_page_weight, handoff, host_stats, host, kill(), restart(),
                    attach_host_tier(), kv_bytes()
   pending          end_s, build_s, dispatch_s, inner, wait_any(pendings, timeout_s)
 Not in the contract: what one backend's own parts read (the engine's host_copies and
@@ -85,7 +85,10 @@ class Instance(Protocol):
   instance's page pool, and the two steps. seqs rows: prefill (token_ids, start, pages,
   temperature, seed, top_p), decode (token, position, pages, temperature, seed, top_p).
   `prev` (the step in flight here, whose tokens a row's PendingToken reads) is passed only to
-  an instance whose `device_tokens` is true; others may take seqs alone."""
+  an instance whose `device_tokens` is true; others may take seqs alone. `streams` (kv.stream_
+  layers: [(decode instance, source pages, destination pages)] whose KV travels by layer
+  groups while the step runs; the result's `streams` then holds their PendingTransfers) is
+  passed only to an instance whose `streams_kv` is true (scheduler/streams.py)."""
   name: str
   tables: BlockTables
 
@@ -142,6 +145,7 @@ def _wait_any(pendings: Sequence, timeout_s: float) -> None:
 OPTIONAL_INSTANCE: dict[str, type | tuple | Callable] = {
     "device_tokens": bool,          # steps take the previous step's tokens on the device: the
                                     # driver may dispatch ahead (overlap), passing `prev`
+    "streams_kv": bool,             # prefill takes `streams` (kv.stream_layers; streams.py)
     "overlap_by_default": bool,     # scheduler.overlap=auto turns overlap on (runner)
     "compiles_from_cache": int,     # summary.json (runner)
     "lazy_compiles": int,

@@ -30,6 +30,8 @@ class Step:
   dispatch_s: float = 0.0     # host seconds: building the metadata and launching the program
   ahead: bool = False         # dispatched before the previous step's tokens reached the host
   dispatched_s: float = 0.0   # when its launch returned (start_s may move later: see above)
+  streams: list = dataclasses.field(default_factory=list)   # (request, decode worker, skip):
+                              # prompts whose KV streams while it runs (scheduler/streams.py)
 
   def token_rows(self) -> dict[int, int]:
     """id(request) -> the row of its sampled token in this step's output."""

@@ -57,12 +57,18 @@ class Steps:
       decode_rows.append((token, pos, table(r.id), r.sampling.temperature, r.sampling_seed,
                           r.sampling.top_p))
     prev = (getattr(w.inflight.pending, "inner", w.inflight.pending),) if ahead else ()
+    bound = []
     if plan.chunks:
       kind = "mixed" if plan.decodes else "prefill"
       seqs = [(req.prefill_tokens[start:end], start, table(req.id), req.sampling.temperature,
                req.sampling_seed, req.sampling.top_p) for req, start, end in plan.chunks]
       seqs += [([tok], *rest) for tok, *rest in decode_rows]
-      call = lambda: w.instance.prefill(seqs, *prev)
+      bound = self._bind_streams(w, plan)   # KV streamed while it computes (streams.py)
+      if bound:
+        streams = self._stream_calls(w, bound)
+        call = lambda: w.instance.prefill(seqs, *prev, streams=streams)
+      else:
+        call = lambda: w.instance.prefill(seqs, *prev)
     else:
       kind, call = "decode", lambda: w.instance.decode(decode_rows, *prev)
     tables = w.tables   # (records.SAMPLE_FIELDS; the node's host KV tier as this dispatch saw it)
@@ -77,12 +83,13 @@ class Steps:
         self.injector.injected["slow_step"] += 1
         pending = SlowPending(pending, now, slow, self.clock)
       step = Step(plan, pending, t2, kind, plan_s=t1 - t0, dispatch_s=t2 - t1, ahead=ahead,
-                  dispatched_s=t2)
+                  dispatched_s=t2, streams=bound)
       if ahead:
         w.ahead = step
       else:
         w.inflight = step
     except DeviceError as e:  # a device failure fails the step's requests, never the run
+      self._release_streams(Step(plan, None, t1, kind, streams=bound))
       self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
 
   def _offload_failed(self, w: InstanceQueue) -> bool:

@@ -20,6 +20,7 @@ from pdjax.sim.digest import MASK as _MASK
 from pdjax.sim.digest import VECTOR_MIN, chain
 from pdjax.sim.digest import mix as _mix
 from pdjax.sim.host_handoff import via_host_tier
+from pdjax.sim.stream_transfer import streamed_transfers
 from pdjax.sim.transfer import SimTransfer
 
 HOST_LATENCY_S = 1e-5   # a host copy's fixed cost where the cost model names no link latency
@@ -45,10 +46,14 @@ class SimPending:
 class SimInstance:
   reads_tables_at_once = True   # a step's block tables are read in the call, none kept
 
+  streams_kv = True            # prefill(..., streams=...): KV streamed by layer groups
+
   def __init__(self, name: str, role: str, cost, opts, *, clock, vocab_size: int,
-               eos_ids: tuple[int, ...] = (), host=None):
+               eos_ids: tuple[int, ...] = (), host=None, num_layers: int = 0):
     """opts: the same EngineOptions the real instance takes (page geometry, buckets).
-    host: a SharedHost when instances slow each other down (one CPU), else None."""
+    host: a SharedHost when instances slow each other down (one CPU), else None.
+    num_layers: the model's (layer groups' shares of a streamed transfer; 0: equal shares)."""
+    self.num_layers = num_layers
     self.name, self.role, self.cost, self.opts, self.clock = name, role, cost, opts, clock
     self.host = host
     self.last_step: SimPending | None = None
@@ -134,13 +139,24 @@ class SimInstance:
       self.digests[pages[(start + n - 1) // ps]] = last
     return last
 
-  def prefill(self, seqs) -> SimPending:
+  def prefill(self, seqs, prev=None, *, streams=None) -> SimPending:
     """seqs: (token_ids, start, pages, temperature, seed[, top_p]) as on the real instance
-    (the sampling parameters are ignored)."""
+    (the sampling parameters are ignored; prev, never passed: no device tokens here).
+    streams (kv.stream_layers > 0): (dst SimInstance,
+    source pages, destination pages) whose KV travels layer group by layer group while the
+    step computes (sim/stream_transfer.py); the result's `streams` holds their transfers."""
     seconds = self.cost.prefill_s([(len(ids), start) for ids, start, *_ in seqs])
     seconds += self._land_host_pages()
+    if streams:
+      if not self.opts.stream_layers:
+        raise ValueError(f"{self.name}: streams given but kv.stream_layers is 0")
+      seconds += (self.opts.stream_layers - 1) * getattr(self.cost, "stream_group_s", 0.0)
     tokens = [self._token(self._write(ids, start, pages)) for ids, start, pages, *_ in seqs]
-    return self._pending(seconds, tokens, "prefill")
+    sent = streamed_transfers(self, seconds, streams, self.num_layers) if streams else None
+    pending = self._pending(seconds, tokens, "prefill")
+    if sent is not None:
+      pending.streams = sent
+    return pending
 
   def decode(self, seqs) -> SimPending:
     """seqs: (last_token, position, pages, temperature, seed[, top_p]) as on the real instance
@@ -225,5 +241,5 @@ def build_sim_instances(tiers: list[tuple[str, int, int]], mcfg, opts, *, hardwa
       out.append(SimInstance(f"{role}-{i}", role, cost, (opts_by_role or {}).get(role, opts),
                              clock=clock,
                              vocab_size=mcfg.vocab_size, eos_ids=mcfg.eos_token_ids,
-                             host=host))
+                             host=host, num_layers=mcfg.num_layers))
   return out

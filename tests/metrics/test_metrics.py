@@ -72,7 +72,7 @@ def test_summary_counts_slo_goodput_throughput():
   assert s["compiles"] == 3 and s["kv_pages_leaked"] == 0
   assert s["duration_s"] == 2.0 and s["slo"] == {"ttft_s": 0.25, "tpot_s": 0.4}
   assert s["kv_transfer"] == {"count": 0, "bytes": 0, "mean_s": None, "p99_s": None,
-                              "failures": 0}
+                              "failures": 0, "exposed_mean_s": None, "exposed_p99_s": None}
 
 
 def test_slo_attainment_with_one_rejected():
@@ -89,6 +89,20 @@ def test_no_requests():
   assert s["requests"] == {"total": 0, "finished": 0, "rejected": 0, "failed": 0,
                            "cancelled": 0}
   assert s["ttft_s"]["p99"] is None
+
+
+def test_transfer_exposed_is_the_part_after_the_prefill():
+  """Streamed (sent from 0.5 s, during the prefill ending at 1.0 s, landed at 1.3 s): 0.3 s
+  exposed; sent after the prefill (1.2 -> 1.6 s): all 0.4 s; no transfer: None."""
+  streamed, after, local = (make_request(n, 0.0, [1.0, 2.0]) for n in "abc")
+  for r, start, end in ((streamed, 0.5, 1.3), (after, 1.2, 1.6)):
+    r.prefill_end_s, r.transfer_start_s, r.transfer_end_s = 1.0, start, end
+  assert streamed.transfer_exposed_s == pytest.approx(0.3)
+  assert after.transfer_exposed_s == pytest.approx(0.4)
+  assert local.transfer_exposed_s is None and local.to_record()["transfer_exposed_s"] is None
+  kv = summarize_default([streamed, after, local])["kv_transfer"]
+  assert kv["exposed_mean_s"] == pytest.approx(0.35)
+  assert kv["exposed_p99_s"] == pytest.approx(0.3 + 0.99 * 0.1)
 
 
 def test_kv_transfer_stats():
@@ -148,7 +162,7 @@ def test_compare_table():
   labels = ["TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p99 (ms)",
             "SLO attainment (%)", "goodput (req/s)", "output tok/s", "finished/total",
             "KV transfers (count)", "KV transfer bytes (MiB)", "KV transfer mean (ms)",
-            "KV transfer p99 (ms)", "compiles", "leaked pages"]
+            "KV transfer p99 (ms)", "KV transfer exposed p99 (ms)", "compiles", "leaked pages"]
   body = lines[2:]
   assert [next(lab for lab in labels if r.startswith(lab)) for r in body] == labels
 
@@ -164,6 +178,7 @@ def test_compare_table():
   assert cells("KV transfers (count)") == ["0", "1"]
   assert cells("KV transfer bytes (MiB)") == ["0.00", "3.00"]
   assert cells("KV transfer mean (ms)") == ["-", "4.0"]
+  assert cells("KV transfer exposed p99 (ms)") == ["-", "-"]
   assert cells("compiles") == ["3", "5"]
   assert cells("leaked pages") == ["0", "2"]
   # Aligned: every row as wide as the header; columns right-aligned.

@@ -60,7 +60,7 @@ def test_compare_table_three_modes_with_extra_rows():
 def test_compare_table_without_extras_has_no_extra_rows():
   s = {m: summary_of([make("a", [0.1])], m, extras=False) for m in ("x", "y", "z")}
   table = compare_table(s)
-  assert len(table.splitlines()) == 2 + 14
+  assert len(table.splitlines()) == 2 + 15
   assert "preemptions" not in table and "rejected" not in table
 
 

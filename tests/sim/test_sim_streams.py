@@ -1,0 +1,113 @@
+"""Layer-group KV streaming in the simulator and the driver (kv.stream_layers): the exposed
+transfer by hand, tokens identical to sending after prefill, the minimum-length gate, and
+nothing leaked when a streamed request ends early or its decode instance dies mid-stream."""
+
+import dataclasses
+
+import pytest
+
+from pdjax.engine.options import EngineOptions
+from pdjax.models.llama_config import LlamaConfig
+from pdjax.request import Request, SamplingParams, Status
+from pdjax.runner import serve_requests as serving
+from pdjax.scheduler.clock import ManualClock
+from pdjax.sim.hardware import Hardware
+from pdjax.sim.instance import SimInstance, sim_transfer
+from pdjax.sim.roofline import RooflineCost
+
+# Round numbers: 4 layers, 800 bytes of KV per token (k+v x 4 layers x 2 kv heads x 25 x 2
+# bytes), a 1e9 B/s link (1e6 for a slow one), no latency.
+CFG = LlamaConfig(vocab_size=1000, hidden_size=100, intermediate_size=200, num_layers=4,
+                  num_heads=4, num_kv_heads=2, head_dim=25)
+CHIP = Hardware("test", bf16_flops=1e12, hbm_bytes=1e9, hbm_bytes_per_s=1e9,
+                link_bytes_per_s=1e9)
+
+
+def _opts(stream_layers):
+  return EngineOptions(page_size=16, num_pages=256, max_model_len=512, prefill_buckets=(512,),
+                       max_prefill_seqs=4, decode_buckets=(16,), stream_layers=stream_layers)
+
+
+def _instances(stream_layers, clock, decode=1, link=1e9):
+  cost = RooflineCost(CFG, dataclasses.replace(CHIP, link_bytes_per_s=link), tp=1, dtype_bytes=2, eff_flops=1.0, eff_bw=1.0,
+                      step_overhead_s=0.0, link_latency_s=0.0)
+  make = lambda name, role: SimInstance(name, role, cost, _opts(stream_layers), clock=clock,
+                                        vocab_size=1000, eos_ids=(2,), num_layers=4)
+  return [make("prefill-0", "prefill")] + [make(f"decode-{i}", "decode") for i in range(decode)]
+
+
+def _serve(stream_layers, prompts, min_tokens=0, max_new=(5,), decode=1, injector=None,
+           link=1e9):
+  clock = ManualClock()
+  insts = _instances(stream_layers, clock, decode, link)
+  reqs = [Request(id=f"r{i}", arrival_s=0.01 * i, prompt_ids=[5 + i] * n,
+                  sampling=SamplingParams(max_new_tokens=max_new[i % len(max_new)]),
+                  eos_ids=(2,)) for i, n in enumerate(prompts)]
+  result = serving.serve("disaggregated", insts, reqs, clock=clock, transfer_fn=sim_transfer,
+                         stream_layers=stream_layers, stream_min_tokens=min_tokens,
+                         injector=injector)
+  assert serving.kv_pages_leaked(insts) == 0
+  assert all(r.status.terminal for r in result.requests)
+  return result, insts
+
+
+def test_the_exposed_transfer_by_hand():
+  """One 320-token prompt (20 pages), 4 groups of one layer: the step takes s seconds, each
+  group's quarter of the KV takes t = bytes / 4 / 1e8 on the link and leaves when its layer is
+  computed; the link keeps up (t < s / 4), so only the last quarter is exposed: t."""
+  (r,), insts = (lambda res: (res[0].requests, res[1]))(_serve(4, [320]))
+  src = insts[0]
+  step_s = src.cost.prefill_s([(320, 0)])
+  total = src.kv_bytes(20)
+  quarter = total / 4 / 1e9
+  assert quarter < step_s / 4
+  assert r.transfer_bytes == int(total)
+  assert r.prefill_end_s - r.prefill_start_s == pytest.approx(step_s)
+  assert r.transfer_exposed_s == pytest.approx(quarter)
+  assert r.transfer_start_s == r.prefill_start_s   # sent from the step's dispatch on
+  assert r.transfer_s == pytest.approx(step_s * 3 / 4 + quarter)   # first group out -> landed
+  unstreamed = _serve(0, [320])[0].requests[0]
+  assert unstreamed.transfer_exposed_s == pytest.approx(total / 1e9)   # all of it
+  assert unstreamed.decode_start_s - r.decode_start_s == pytest.approx(total / 1e9 - quarter)
+
+
+def test_a_slow_link_leaves_the_groups_queued_behind_each_other():
+  """A link 1,000x slower: each group's copy outlasts the compute, so they queue; the exposed
+  part is the whole transfer less the first group's head start (s / 4)."""
+  (r,), insts = (lambda res: (res[0].requests, res[1]))(_serve(4, [320], link=1e6))
+  step_s = insts[0].cost.prefill_s([(320, 0)])
+  total = insts[0].kv_bytes(20) / 1e6
+  assert total / 4 > step_s / 4
+  assert r.transfer_exposed_s == pytest.approx(step_s / 4 + total - step_s)
+
+
+def test_tokens_equal_the_unstreamed_run_and_short_prompts_go_whole():
+  prompts = [40, 300, 7, 130, 260, 33]
+  base = _serve(0, prompts, max_new=(6, 3, 9))[0]
+  for groups, gate in ((2, 0), (4, 100), (1, 0)):
+    got = _serve(groups, prompts, min_tokens=gate, max_new=(6, 3, 9))[0]
+    assert [r.output_ids for r in got.requests] == [r.output_ids for r in base.requests]
+    streamed = [r.transfer_start_s == r.prefill_start_s for r in got.requests]
+    assert streamed == [n >= gate for n in prompts], (groups, gate)
+    assert all(r.status == Status.FINISHED for r in got.requests)
+
+
+def test_a_request_ending_at_its_first_token_releases_its_decode_pages():
+  result, insts = _serve(2, [64, 64], max_new=(1,))
+  assert [len(r.output_ids) for r in result.requests] == [1, 1]
+  assert [r.transfer_start_s for r in result.requests] == [None, None]
+  assert insts[1].tables.num_used_pages == 0   # (the bindings released; kv_pages_leaked too)
+
+
+def test_a_decode_instance_killed_mid_stream_sends_the_request_elsewhere():
+  """decode-0 dies while the first prompt prefills (its KV streaming there): the request is
+  sent whole to decode-1 after its prefill; nothing leaks, the tokens are the unstreamed
+  run's."""
+  from pdjax.faults.injector import FaultInjector
+  from pdjax.faults.spec import FaultSpec
+  prompts = [480, 480, 480]
+  base = _serve(0, prompts, decode=2)[0]
+  spec = FaultSpec(kills=(("decode-0", 1e-6),))
+  got = _serve(2, prompts, decode=2, injector=FaultInjector(spec))[0]
+  assert [r.output_ids for r in got.requests] == [r.output_ids for r in base.requests]
+  assert got.requests[0].decode_instance == "decode-1"
