@@ -33,8 +33,8 @@ class Streams:
     the decode instance had cached)]."""
     o = self.opts
     if (not o.stream_layers or self.mode != "disaggregated" or self.transfer_queue
-        or not getattr(w.instance, "streams_kv", False)):
-      return []
+        or not getattr(w.instance, "streams_kv", False) or self.injector.spec.transfer_delay):
+      return []   # (injected transfer delays apply to whole transfers: none streamed then)
     bound = []
     for req, _, end in plan.chunks:
       if (end < req.prefill_len or w.keeps(req) or req.prefill_len < o.stream_min_tokens
@@ -75,10 +75,17 @@ class Streams:
         self._release_stream(req, dst)
         return False
       req.transfer_start_s = step.dispatched_s
+      step.streams[i] = (req, None, None)   # (handed over: not released below)
+      fails, _ = self.injector.transfer_attempt(req, self._attempts.get(id(req), 0))
+      if fails:                             # an injected failure, as for a whole transfer
+        self.transfers.append({"bytes": 0, "seconds": self.clock.now() - req.transfer_start_s,
+                               "ok": False})
+        self._transfer_failed(req, src, dst, f"{src.name}->{dst.name}: injected transfer "
+                                             f"failure")
+        return True
       self._in_transfer[id(req)] = (req, src, dst)
       pending = getattr(step.pending, "inner", step.pending)   # (an injected slowdown wraps it)
       self._pending_transfers.append((req, src, dst, pending.streams[i]))
-      step.streams[i] = (req, None, None)   # (handed over: not released below)
       return True
     return False
 

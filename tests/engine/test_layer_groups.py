@@ -85,3 +85,37 @@ def test_a_middle_group_and_uneven_groups_on_three_layers(tiny_model):
     assert got[0] == base[0]
     for a, b in zip(got[1] + got[2], base[1] + base[2]):
       np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_streamed_runs_match_unstreamed_with_prefix_hits_and_chunked_prompts(tmp_path):
+  """The real engine through the CLI (smoke config, disaggregated TP2 -> TP1): multi-turn
+  sessions with the prefix cache on (decode-side hits: only the uncached pages travel) and
+  prefill buckets of at most 128 tokens (longer prompts prefill in chunks): the same greedy
+  tokens with kv.stream_layers=2 as with 0, every moved request streamed (sent before its
+  prefill ended), nothing leaked."""
+  import json
+  import subprocess
+  import sys
+  runs = {}
+  for groups in (0, 2):
+    out = tmp_path / str(groups)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
+         "--config.progress=False", "--config.mode=disaggregated",
+         "--config.cluster.prefill.tp=2", "--config.cluster.decode.tp=1",
+         "--config.workload.preset=agent_multiturn", "--config.workload.num_requests=8",
+         "--config.scheduler.decode_router=session_sticky", "--config.kv.prefix_cache=True",
+         "--config.scheduler.prefill_buckets=(64,128)", f"--config.kv.stream_layers={groups}",
+         "--config.kv.stream_min_tokens=0", f"--workdir={out}"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs[groups] = ([json.loads(l) for l in (out / "requests.jsonl").open()],
+                    json.loads((out / "summary.json").read_text()))
+  (base, base_sum), (got, got_sum) = runs[0], runs[2]
+  assert [r["output_ids"] for r in got] == [r["output_ids"] for r in base]
+  assert all(r["status"] == "finished" for r in got) and got_sum["kv_pages_leaked"] == 0
+  moved = [r for r in got if r["transfer_end_s"] is not None]
+  assert moved and all(r["transfer_start_s"] < r["prefill_end_s"] for r in moved)
+  assert max(r["prompt_len"] for r in got) > 128               # chunked
+  assert got_sum["kv_cache"]["decode_hit_tokens"] > 0           # decode-side prefix hits

@@ -111,3 +111,65 @@ def test_a_decode_instance_killed_mid_stream_sends_the_request_elsewhere():
   got = _serve(2, prompts, decode=2, injector=FaultInjector(spec))[0]
   assert [r.output_ids for r in got.requests] == [r.output_ids for r in base.requests]
   assert got.requests[0].decode_instance == "decode-1"
+
+
+def _fault_injector(**kw):
+  from pdjax.faults.injector import FaultInjector
+  from pdjax.faults.spec import FaultSpec
+  return FaultInjector(FaultSpec(**kw))
+
+
+def test_injected_stream_failures_are_retried_like_whole_transfers():
+  """Half the transfer attempts fail (the same draws streamed or not): streamed failures are
+  retried whole, tokens and the retry count equal the unstreamed run's."""
+  prompts = [64, 200, 90, 300, 150, 75]
+  base = _serve(0, prompts, injector=_fault_injector(transfer_fail_prob=0.5, seed=3))[0]
+  got = _serve(2, prompts, injector=_fault_injector(transfer_fail_prob=0.5, seed=3))[0]
+  assert [r.output_ids for r in got.requests] == [r.output_ids for r in base.requests]
+  assert got.faults["transfer_retries"] == base.faults["transfer_retries"] > 0
+  assert ([t["ok"] for t in got.transfers].count(False)
+          == [t["ok"] for t in base.transfers].count(False))
+  assert [r.fallbacks for r in got.requests] == [r.fallbacks for r in base.requests]
+
+
+def test_a_streamed_transfer_failing_on_the_device_is_retried_then_falls_back(monkeypatch):
+  """The first request's streamed transfer raises DeviceError when it lands: with retries it
+  moves whole and its tokens are the unstreamed run's; with none it is recomputed on the
+  decode instance (the fallback recorded); the second request's stream lands either way."""
+  from pdjax.scheduler.errors import DeviceError
+  from pdjax.sim import stream_transfer
+  real = stream_transfer.streamed_transfers
+
+  def first_fails(src, step_s, streams, num_layers):
+    out = real(src, step_s, streams, num_layers)
+    if not getattr(first_fails, "done", False):
+      first_fails.done = True
+
+      def boom():
+        raise DeviceError("group 2 of 2: link reset")
+      out[0].result = boom
+    return out
+  monkeypatch.setattr("pdjax.sim.instance.streamed_transfers", first_fails)
+  base = _serve(0, [64, 64])[0]
+  got = _serve(2, [64, 64])[0]
+  assert [r.output_ids for r in got.requests] == [r.output_ids for r in base.requests]
+  assert got.faults["transfer_retries"] == 1 and [t["ok"] for t in got.transfers] == [
+      False, True, True]
+  first_fails.done = False
+  clock = ManualClock()
+  insts = _instances(2, clock)
+  reqs = [Request(id=f"r{i}", arrival_s=0.01 * i, prompt_ids=[5 + i] * 64,
+                  sampling=SamplingParams(max_new_tokens=5), eos_ids=(2,)) for i in range(2)]
+  result = serving.serve("disaggregated", insts, reqs, clock=clock, transfer_fn=sim_transfer,
+                         stream_layers=2, transfer_retries=0)
+  assert result.requests[0].fallbacks and result.requests[0].status == Status.FINISHED
+  assert [r.output_ids for r in result.requests] == [r.output_ids for r in base.requests]
+  assert serving.kv_pages_leaked(insts) == 0
+
+
+def test_requests_cancelled_while_their_kv_streams_free_both_sides():
+  prompts = [64, 200, 90, 300]
+  result, insts = _serve(2, prompts, injector=_fault_injector(cancel_prob=1.0,
+                                                              cancel_stages=("prefill",)))
+  assert [r.status for r in result.requests] == [Status.CANCELLED] * 4
+  assert all(i.tables.num_used_pages == 0 for i in insts)   # (reservations: end-of-run check)
