@@ -124,11 +124,20 @@ def request_events(requests: Sequence[Request]) -> list[dict]:
   return list(_request_events(requests))
 
 
+STREAM_TID = 1_000_000   # + a request's tid: the track of its KV streamed during its prefill
+
+
 def _request_events(requests: Sequence[Request]) -> Iterator[dict]:
   yield _meta("process_name", REQUESTS_PID, 0, "requests")
   for tid, r in enumerate(requests, start=1):
     yield _meta("thread_name", REQUESTS_PID, tid, r.id)
     for name, start, end, args in request_phases(r):
+      if name == "transfer" and r.prefill_end_s is not None and start < r.prefill_end_s:
+        # streamed (kv.stream_layers): it overlaps the prefill span, so it gets a track of
+        # its own under the request's (spans on one track must nest)
+        yield _meta("thread_name", REQUESTS_PID, STREAM_TID + tid, f"{r.id} KV stream")
+        yield _span(name, "request", start, end, REQUESTS_PID, STREAM_TID + tid, args)
+        continue
       yield _span(name, "request", start, end, REQUESTS_PID, tid, args)
     if r.status in (Status.REJECTED, Status.FAILED) and r.finish_s is not None:
       yield _instant(r.status.value, "request", r.finish_s, REQUESTS_PID, tid,

@@ -173,3 +173,19 @@ def test_requests_cancelled_while_their_kv_streams_free_both_sides():
                                                               cancel_stages=("prefill",)))
   assert [r.status for r in result.requests] == [Status.CANCELLED] * 4
   assert all(i.tables.num_used_pages == 0 for i in insts)   # (reservations: end-of-run check)
+
+
+def test_the_trace_draws_a_streamed_transfer_overlapping_its_prefill():
+  """A streamed request's transfer span starts inside its prefill span, on a track of its
+  own (spans on one track must nest); an unstreamed one stays on the request's track."""
+  from pdjax.metrics.trace import STREAM_TID, trace_events
+  result, _ = _serve(2, [320, 40], min_tokens=100)
+  events = list(trace_events(requests=result.requests, steps=result.steps,
+                             role_switches=result.role_switches, samples=result.samples))
+  spans = {(e["tid"], e["name"]): e for e in events if e.get("pid") == 2 and e["ph"] == "X"}
+  names = {e["tid"]: e["args"]["name"] for e in events
+           if e.get("pid") == 2 and e["ph"] == "M" and e["name"] == "thread_name"}
+  prefill, stream = spans[(1, "prefill")], spans[(STREAM_TID + 1, "transfer")]
+  assert names[STREAM_TID + 1] == "r0 KV stream"
+  assert prefill["ts"] <= stream["ts"] < prefill["ts"] + prefill["dur"] < stream["ts"] + stream["dur"]
+  assert (2, "transfer") in spans and STREAM_TID + 2 not in names   # r1: 40 tokens, not streamed
