@@ -86,6 +86,7 @@ class Streams:
       self._in_transfer[id(req)] = (req, src, dst)
       pending = getattr(step.pending, "inner", step.pending)   # (an injected slowdown wraps it)
       self._pending_transfers.append((req, src, dst, pending.streams[i]))
+      self._maybe_cancel(req, "transfer")   # (an injected client cancel planned for then)
       return True
     return False
 

@@ -189,3 +189,14 @@ def test_the_trace_draws_a_streamed_transfer_overlapping_its_prefill():
   assert names[STREAM_TID + 1] == "r0 KV stream"
   assert prefill["ts"] <= stream["ts"] < prefill["ts"] + prefill["dur"] < stream["ts"] + stream["dur"]
   assert (2, "transfer") in spans and STREAM_TID + 2 not in names   # r1: 40 tokens, not streamed
+
+
+def test_cancels_planned_for_the_transfer_apply_to_streamed_requests():
+  """Clients that cancel while their KV moves: a streamed request is in transfer from its
+  prefill's collection, so the cancel lands there too; everything freed on both sides."""
+  prompts = [64, 200, 90, 300]
+  result, insts = _serve(2, prompts, injector=_fault_injector(cancel_prob=1.0,
+                                                              cancel_stages=("transfer",)))
+  assert [r.status for r in result.requests] == [Status.CANCELLED] * 4
+  assert [r.reason for r in result.requests] == ["cancelled by the client (transfer)"] * 4
+  assert all(i.tables.num_used_pages == 0 for i in insts)
