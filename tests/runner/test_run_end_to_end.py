@@ -41,7 +41,8 @@ def test_compare_run_writes_both_modes(tmp_path):
     assert summary["kv_pages_leaked"] == 0
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
       assert set(summary[key]) == {"mean", "p50", "p90", "p99"}
-    assert set(summary["kv_transfer"]) == {"count", "bytes", "mean_s", "p99_s", "failures"}
+    assert set(summary["kv_transfer"]) == {"count", "bytes", "mean_s", "p99_s", "failures",
+                                           "exposed_mean_s", "exposed_p99_s"}
     assert summary["compiles"] + summary["compiles_from_cache"] > 0   # exact: test_compiles.py
     assert 0 <= summary["slo_attainment"] <= 1
     rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()]
