@@ -30,6 +30,7 @@ from pdjax.engine import programs
 from pdjax.engine import ready_wait
 from pdjax.engine.options import group_bounds  # noqa: F401  (re-exported)
 from pdjax.engine.sampling import row_keys, sample
+from pdjax.kv.transfer_result import TransferResult
 from pdjax.models.llama import Llama, layer_group_params
 
 
@@ -82,8 +83,7 @@ class StreamedTransfer:
   def ready(self) -> bool:
     return all(g.ready() for g in self.groups)
 
-  def result(self):
-    from pdjax.kv.transfer_result import TransferResult
+  def result(self) -> TransferResult:
     results = [g.result() for g in self.groups]
     return TransferResult(bytes=sum(r.bytes for r in results),
                           seconds=max(g.start + r.seconds for g, r in zip(self.groups, results))

@@ -89,7 +89,7 @@ class Steps:
       else:
         w.inflight = step
     except DeviceError as e:  # a device failure fails the step's requests, never the run
-      self._release_streams(Step(plan, None, t1, kind, streams=bound))
+      self._release_streams(bound)
       self._fail_plan(w, plan, f"{kind} step failed on {w.name}: {type(e).__name__}: {e}")
 
   def _offload_failed(self, w: InstanceQueue) -> bool:

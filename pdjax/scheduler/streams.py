@@ -90,10 +90,10 @@ class Streams:
       return True
     return False
 
-  def _release_streams(self, step) -> None:
-    """Releases the bindings of `step` that no transfer took over (the step failed or was not
-    run, or its request ended at its first token)."""
-    for req, dst, _ in getattr(step, "streams", ()) or ():
+  def _release_streams(self, bound: list) -> None:
+    """Releases the bindings (a step's `streams`) that no transfer took over (the step failed
+    or was not run, or its request ended at its first token)."""
+    for req, dst, _ in bound:
       if dst is not None:
         self._release_stream(req, dst)
 
