@@ -290,8 +290,6 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(isinstance(kv.get("stream_min_tokens", 0), int) and kv.get("stream_min_tokens", 0) >= 0,
            "kv.stream_min_tokens", kv.get("stream_min_tokens", 0), "must be an int >= 0")
   if stream:
-    _require(launcher(cfg) == "local", "kv.stream_layers", stream,
-             "needs cluster.launcher=local (not streamed through Ray actors yet)")
     _require(kv.get("host_tier_handoff", "transfer") == "transfer", "kv.stream_layers", stream,
              "needs kv.host_tier_handoff=transfer (a host-tier hand-off is not streamed)")
   _require(kv.get("eviction", "lru") in EVICTION_POLICIES, "kv.eviction", kv.get("eviction"),

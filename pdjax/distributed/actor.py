@@ -126,13 +126,17 @@ class InstanceActor:
       self._turn.notify_all()
 
   async def step(self, seq: int, kind: str, seqs: list, prev_seq: int | None,
-                 revoked: tuple[int, ...] = ()) -> dict:
+                 revoked: tuple[int, ...] = (), offers: tuple = (),
+                 offer_ttl_s: float = 0.0) -> dict:
     """Dispatches step `seq` (after every earlier one), waits for its tokens off the event loop
     and returns them with its host timings and the compile counters. prev_seq: the step whose
     device tokens feed PendingToken rows (the one dispatched just before). When that step
     failed at dispatch (DeviceError), this one is not launched and raises StepNotRun: with
     overlap the driver dispatches a step before it can know the one before it failed.
-    revoked: pulls the driver gave up on (see `pull`)."""
+    revoked: pulls the driver gave up on (see `pull`). offers (a prefill streaming KV by layer
+    groups, kv.stream_layers): [(one uuid per layer group, source pages, puller's TP)]: each
+    group's pages are offered under its uuid as soon as the group is enqueued (`OfferStream`),
+    each expiring after offer_ttl_s unless settled, as `offer`'s."""
     self._revoked.update(revoked)   # before any await: no late pull lands after this step
     await self._in_order(seq)
     try:
@@ -147,6 +151,10 @@ class InstanceActor:
           raise StepNotRun(f"step {seq} was not run: step {prev_seq}, whose tokens it takes, "
                            f"failed")
       launch = self.inst.prefill if kind == "prefill" else self.inst.decode
+      if offers:
+        streams = [OfferStream(self, tuple(uuids), pages, dst_tp, offer_ttl_s)
+                   for uuids, pages, dst_tp in offers]
+        launch = lambda seqs, prev: self.inst.prefill(seqs, prev, streams=streams)  # noqa: E731
       try:
         pending = launch(seqs, prev)
       except DeviceError:
@@ -161,21 +169,29 @@ class InstanceActor:
 
   # ---- KV transfer -------------------------------------------------------------------------
 
-  async def offer(self, uuid: int, pages: list[int], dst_tp: int, ttl_s: float) -> int:
+  async def offer(self, uuid: int, pages: list[int], dst_tp: int, ttl_s: float,
+                  layers: tuple[int, int] | None = None) -> int:
     """Gathers the pages with one program into pieces shaped for a TP-dst_tp puller
     (`engine.transfer.gather_shards`) and offers them under uuid; returns their bytes. The
     pool's pages may be freed once the pull is acknowledged: the pieces are copies. An offer
     the driver has not `settle`d within ttl_s (its pull never ran: the destination died, or
     dropped it as late) expires: this actor pulls it from its own server and drops it,
     freeing the pieces (jax's own await_pull timeout is not used: in jax 0.10.2 an expired
-    entry made later, valid pulls on the same server hang)."""
+    entry made later, valid pulls on the same server hang). layers=(a, b): those layers only
+    (a layer group's, pulled with the same `layers`)."""
     with device_errors():
-      shards = transfer.gather_shards(self.inst, pages, dst_tp)
-      self.server.await_pull(uuid, shards)
+      shards = transfer.gather_shards(self.inst, pages, dst_tp,
+                                      None if layers is None else tuple(layers))
+      self._offered(uuid, shards, ttl_s)
+    return sum(int(s.nbytes) for s in shards)
+
+  def _offered(self, uuid: int, shards: list, ttl_s: float) -> None:
+    """Puts the pieces on the transfer server under uuid; they expire after ttl_s unless
+    settled (see `offer`)."""
+    self.server.await_pull(uuid, shards)
     self._offers[uuid] = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=s.sharding)
                           for s in shards]
     asyncio.get_running_loop().call_later(ttl_s, self._expire, uuid)
-    return sum(int(s.nbytes) for s in shards)
 
   async def settle(self, uuids: list[int]) -> None:
     """The driver saw these offers' pulls run: they are taken (or will be), never expire."""
@@ -201,7 +217,8 @@ class InstanceActor:
     return {"held": len(self._offers), "expired": self.offers_expired}
 
   async def pull(self, uuid: int, address: str, pages: list[int], timeout_s: float,
-                 epoch: int = 0, revoked: tuple[int, ...] = ()) -> dict:
+                 epoch: int = 0, revoked: tuple[int, ...] = (),
+                 layers: tuple[int, int] | None = None) -> dict:
     """Pulls offer `uuid` from the transfer server at `address` into this pool's pages (as
     many as the offer's) with one pull of all its pieces and returns {"bytes", "seconds"} once
     every piece is here and the one scatter program is dispatched (later steps on this pool
@@ -210,11 +227,14 @@ class InstanceActor:
     epoch: this destination allocation's number (RemoteInstance). The driver gives up on a
     pull on its own clock and then reuses its pages; every later step or pull it sends here
     names the pulls it gave up on (`revoked`), so a pull checks its epoch before scattering:
-    a late one is dropped (DeviceError), never landed into pages another request now owns."""
+    a late one is dropped (DeviceError), never landed into pages another request now owns.
+    layers=(a, b): the offer holds those layers only (one layer group of a streamed prefill:
+    `step`'s offers), landed into those layers of the pages."""
     start = time.perf_counter()
     self._revoked.update(revoked)
+    layers = None if layers is None else tuple(layers)
     try:
-      return await self._pull(uuid, address, pages, timeout_s, epoch, start)
+      return await self._pull(uuid, address, pages, timeout_s, epoch, start, layers)
     finally:
       self._revoked.discard(epoch)
 
@@ -224,12 +244,12 @@ class InstanceActor:
                   f"{epoch}) and its pages may belong to another request")
 
   async def _pull(self, uuid: int, address: str, pages: list[int], timeout_s: float,
-                  epoch: int, start: float) -> dict:
+                  epoch: int, start: float, layers: tuple[int, int] | None) -> dict:
     self._check_epoch(epoch, address, PullNotStarted)   # the offer is left to expire
     inst = self.inst
     devices = list(inst.mesh.devices.flat)
     avals = [jax.ShapeDtypeStruct(shape, inst.dtype, sharding=SingleDeviceSharding(d))
-             for shape, d in zip(transfer.shard_shapes(inst, len(pages)),
+             for shape, d in zip(transfer.shard_shapes(inst, len(pages), layers),
                                  devices * len(pages))]
     with device_errors():
       if address not in self._connections:
@@ -244,5 +264,26 @@ class InstanceActor:
       for a in arrays:
         a.block_until_ready()   # a piece whose source died raises here, before the scatter
       self._check_epoch(epoch, address)   # no await from here to the scatter's dispatch
-      transfer.land_shards(inst, arrays, pages)
+      transfer.land_shards(inst, arrays, pages, layers)
     return {"bytes": sum(int(a.nbytes) for a in arrays), "seconds": time.perf_counter() - start}
+
+
+class OfferStream:
+  """A stream of a prefill run by layer groups (engine/layer_groups.py) whose decode instance
+  is another actor: as each group is enqueued its pages' slice for those layers is gathered
+  (one program, pieces shaped for the puller's TP) and offered under that group's uuid; the
+  puller pulls each group once (`pull(..., layers=)`). sent(): the uuids offered."""
+
+  def __init__(self, actor: InstanceActor, uuids: tuple[int, ...], pages: list[int],
+               dst_tp: int, ttl_s: float):
+    self.actor, self.uuids, self.pages, self.dst_tp, self.ttl_s = actor, uuids, pages, dst_tp, ttl_s
+    self._next = 0
+
+  def send(self, inst, layers: tuple[int, int]) -> int:
+    uuid, self._next = self.uuids[self._next], self._next + 1
+    self.actor._offered(uuid, transfer.gather_shards(inst, self.pages, self.dst_tp, layers),
+                        self.ttl_s)
+    return uuid
+
+  def sent(self, groups: list) -> list:
+    return groups

@@ -25,6 +25,7 @@ import ray
 from pdjax.distributed.actor import ActorSpec, InstanceActor
 from pdjax.distributed.ray_transfer import RayTransfer
 from pdjax.distributed.remote import RemoteInstance
+from pdjax.engine.options import group_bounds
 
 ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
 
@@ -98,6 +99,9 @@ class RayCluster:
         instances.append(RemoteInstance(spec, self._new_actor, dict(
             prefill=True, decode=True, transfer_to_tp=tps["decode"] if sends else (),
             receive=receives)))
+    if opts.stream_layers or any(o.stream_layers for o in (opts_by_role or {}).values()):
+      for inst in instances:   # (prefill may stream KV by layer groups: ray_transfer.py)
+        inst.kv_streamer = self.transfer_fn
     self._live += instances
     refs = [inst.start() for inst in instances]
     for inst, r in zip(instances, refs):
@@ -112,9 +116,12 @@ class RayCluster:
         a, b = src._warm_up_args, dst._warm_up_args
         if src is dst or dst.tp not in a["transfer_to_tp"] or not b["receive"]:
           continue
+        groups = (group_bounds(src.spec.model.num_layers, src.opts.stream_layers)
+                  if src.opts.stream_layers else ())
         for n in src.opts.transfer_buckets:   # destination ids out of range: nothing written
-          pulls.append((dst, self.transfer_fn.dispatch(src, [[0] * n], dst,
-                                                       [[dst.opts.num_pages] * n])))
+          for layers in (None, *groups):       # (and each layer group's, when streaming)
+            pulls.append((dst, self.transfer_fn.dispatch(src, [[0] * n], dst,
+                                                         [[dst.opts.num_pages] * n], layers)))
     for _, t in pulls:
       t.result()     # (and settled: a taken offer never expires)
 

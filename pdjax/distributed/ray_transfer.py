@@ -18,6 +18,7 @@ import random
 import time
 
 from pdjax.distributed.remote import RemoteInstance, is_ready, ray_result, wait_any
+from pdjax.engine.options import group_bounds
 from pdjax.kv.transfer_result import TransferResult
 from pdjax.scheduler.errors import DeviceError, InstanceLost, PullNotStarted
 
@@ -71,6 +72,16 @@ class RemoteTransfer:
       pass
     self.settle()
 
+  def abandon(self) -> None:
+    """The driver frees the destination pages without waiting for this pull (its request was
+    dropped): a pull still out is revoked on the destination, so it is dropped there, never
+    landed into pages given to another request; one that returned has its offer settled if
+    it took it."""
+    if is_ready(self.pull):
+      self.settle_if_taken()
+    elif self.dst is not None:
+      self.dst.revoke(self.epoch, self)
+
   def _offer_failed(self) -> bool:
     try:
       ray_result(self.offer, self.names[0])
@@ -123,23 +134,88 @@ class RayTransfer:
                        f"destination")
     return self.dispatch(src, src_pages, dst, dst_pages)
 
-  def dispatch(self, src, src_pages, dst, dst_pages) -> RemoteTransfer:
-    """The offer and the pull, sent at once (pages: a list of page ids, or lists of them)."""
-    return self.pull(src, dst, dst_pages, self.offer(src, src_pages, dst))
+  def dispatch(self, src, src_pages, dst, dst_pages,
+               layers: tuple[int, int] | None = None) -> RemoteTransfer:
+    """The offer and the pull, sent at once (pages: a list of page ids, or lists of them;
+    layers: one layer group's KV only)."""
+    return self.pull(src, dst, dst_pages, self.offer(src, src_pages, dst, layers), layers)
 
-  def offer(self, src, src_pages, dst) -> tuple[int, object, float]:
+  def offer(self, src, src_pages, dst,
+            layers: tuple[int, int] | None = None) -> tuple[int, object, float]:
     """The source half: (uuid, the offer call's ref, when it started)."""
     start, uuid = time.perf_counter(), next(self._uuids)
-    return uuid, src.actor.offer.remote(uuid, flat(src_pages), dst.tp, self.offer_ttl_s), start
+    return uuid, src.actor.offer.remote(uuid, flat(src_pages), dst.tp, self.offer_ttl_s,
+                                        layers), start
 
-  def pull(self, src, dst, dst_pages, offered: tuple[int, object, float]) -> RemoteTransfer:
-    """The destination half, for an offer made by `offer`."""
+  def pull(self, src, dst, dst_pages, offered: tuple[int, object, float],
+           layers: tuple[int, int] | None = None) -> RemoteTransfer:
+    """The destination half, for an offer made by `offer` (or one layer group's offer of a
+    streamed prefill: layers=(a, b))."""
     uuid, offer, start = offered
     epoch = dst.next_epoch()
     pages = flat(dst_pages)
-    pull = dst.actor.pull.remote(uuid, src.address, pages, self.timeout_s, epoch, dst.revoked())
-    return RemoteTransfer(pull, offer, start, self.timeout_s, len(pages) * dst.page_bytes,
+    pull = dst.actor.pull.remote(uuid, src.address, pages, self.timeout_s, epoch, dst.revoked(),
+                                 layers)
+    share = 1.0 if layers is None else (layers[1] - layers[0]) / dst.spec.model.num_layers
+    return RemoteTransfer(pull, offer, start, self.timeout_s,
+                          int(len(pages) * dst.page_bytes * share),
                           (src.name, dst.name), dst, epoch, src, uuid)
+
+  def streamed_prefill(self, src, seqs, prev, streams):
+    """src's prefill step run by layer groups (kv.stream_layers) with its streams' KV offered
+    group by group by the source actor as the step runs (actor.py's `OfferStream`), and one
+    pull per group sent to each decode actor at once (each waits on its transfer server for
+    its offer). The step's call stands for every group's offer: a step that fails fails them.
+    streams: [(decode RemoteInstance, source pages, destination pages)]. Returns the pending
+    step, its `streams` a RemoteStreamedTransfer per stream."""
+    bounds = group_bounds(src.spec.model.num_layers, src.opts.stream_layers)
+    offers = [([next(self._uuids) for _ in bounds], flat(src_pages), dst.tp)
+              for dst, src_pages, _ in streams]
+    start = time.perf_counter()
+    pending = src.step("prefill", seqs, prev, offers=offers, offer_ttl_s=self.offer_ttl_s)
+    pending.streams = [
+        RemoteStreamedTransfer([self.pull(src, dst, dst_pages, (uuid, pending.ref, start), layers)
+                                for uuid, layers in zip(uuids, bounds)])
+        for (dst, _, dst_pages), (uuids, _, _) in zip(streams, offers)]
+    return pending
+
+
+class RemoteStreamedTransfer:
+  """A request's KV pulled layer group by layer group (one RemoteTransfer per group, all
+  started with the step): ready once every group's pull has returned (or failed); result()
+  sums their bytes (seconds: the step's dispatch to the last group seen), or raises the first
+  group's failure after settling every group whose pull took its offer. A failed group fails
+  the attempt: the driver retries the request's whole transfer (scheduler/streams.py)."""
+
+  def __init__(self, groups: list[RemoteTransfer]):
+    self.groups = groups
+
+  wait_any = staticmethod(wait_any)
+
+  def refs_to_wait(self) -> list:
+    return [r for g in self.groups if not g.ready() for r in g.refs_to_wait()]
+
+  def ready(self) -> bool:
+    return all([g.ready() for g in self.groups])   # (each group checks its own deadline)
+
+  def result(self) -> TransferResult:
+    results, error = [], None
+    for g in self.groups:
+      try:
+        results.append(g.result())
+      except DeviceError as e:
+        error = error or e
+    if error is not None:
+      raise error
+    return TransferResult(bytes=sum(r.bytes for r in results),
+                          seconds=max(r.seconds for r in results))
+
+  def abandon(self) -> None:
+    """The driver releases the destination pages without landing (the step failed, the
+    request ended at its first token, was cancelled, or an end died): see
+    RemoteTransfer.abandon, for every group."""
+    for g in self.groups:
+      g.abandon()
 
 
 def flat(pages) -> list[int]:

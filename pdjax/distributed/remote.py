@@ -94,6 +94,8 @@ class RemoteInstance:
     self.counters = dict.fromkeys(COUNTERS, 0)
     self.actor = None
     self.alive = False
+    self.kv_streamer = None          # the run's RayTransfer, set by the launcher when
+                                     # kv.stream_layers > 0: prefill may then stream KV
     self._epochs = itertools.count(1)
     self._revoked: dict[int, object] = {}   # epoch -> its RemoteTransfer (ray_transfer.py),
                                             # until the pull returns
@@ -161,16 +163,28 @@ class RemoteInstance:
 
   # ---- steps ---------------------------------------------------------------------------------
 
-  def prefill(self, seqs, prev: RemotePending | None = None) -> RemotePending:
-    return self._step("prefill", seqs, prev)
+  @property
+  def streams_kv(self) -> bool:
+    """prefill takes `streams` once the run's transfer function is set (`kv_streamer`)."""
+    return self.kv_streamer is not None
+
+  def prefill(self, seqs, prev: RemotePending | None = None, *,
+              streams=None) -> RemotePending:
+    """streams (kv.stream_layers): [(decode RemoteInstance, source pages, destination pages)],
+    KV pulled actor to actor layer group by layer group while the step runs
+    (`RayTransfer.streamed_prefill`); the result's `streams` holds the transfers."""
+    if streams:
+      return self.kv_streamer.streamed_prefill(self, seqs, prev, streams)
+    return self.step("prefill", seqs, prev)
 
   def decode(self, seqs, prev: RemotePending | None = None) -> RemotePending:
-    return self._step("decode", seqs, prev)
+    return self.step("decode", seqs, prev)
 
-  def _step(self, kind: str, seqs, prev: RemotePending | None) -> RemotePending:
+  def step(self, kind: str, seqs, prev: RemotePending | None, **offers) -> RemotePending:
+    """One step call on the actor (offers: a streamed prefill's, see InstanceActor.step)."""
     seq, self._seq = self._seq, self._seq + 1
     ref = self.actor.step.remote(seq, kind, seqs, None if prev is None else prev.seq,
-                                 self.revoked())
+                                 self.revoked(), **offers)
     return RemotePending(ref, seq, self)
 
 

@@ -239,7 +239,8 @@ class Instance:
     sequence's next token.
     streams (kv.stream_layers > 0): [(decode Instance, source pages, destination pages)], KV
     sent layer group by layer group while the step computes (engine/layer_groups.py); the
-    result's `streams` holds their transfers in flight, in that order."""
+    result's `streams` holds their transfers in flight, in that order. (A Ray actor passes its
+    own stream objects instead: `layer_groups.as_stream`.)"""
     t0 = time.perf_counter()
     if self.host_copies is not None:
       self.host_copies.land()

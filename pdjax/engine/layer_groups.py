@@ -90,19 +90,41 @@ class StreamedTransfer:
                           - self.groups[0].start)
 
 
+class LocalStream:
+  """A stream to a decode instance in this process: each group's KV moved by
+  `transfer.transfer_kv_async(..., layers=group)`; the step's result holds a StreamedTransfer."""
+
+  def __init__(self, dst, src_pages: list[int], dst_pages: list[int]):
+    self.dst, self.src_pages, self.dst_pages = dst, src_pages, dst_pages
+
+  def send(self, inst, layers: tuple[int, int]):
+    from pdjax.engine.transfer import transfer_kv_async
+    return transfer_kv_async(inst, self.src_pages, self.dst, self.dst_pages, layers)
+
+  def sent(self, groups: list) -> StreamedTransfer:
+    return StreamedTransfer(groups)
+
+
+def as_stream(item):
+  """A prefill's `streams` item: (dst Instance, src pages, dst pages) is a LocalStream; an
+  object with send(inst, layers) / sent(groups) (a Ray actor's offers: distributed/actor.py)
+  is used as it is."""
+  return LocalStream(*item) if isinstance(item, tuple) else item
+
+
 def streamed_prefill(inst, program_of, flat, prev, streams):
-  """Dispatches a prefill step as its layer groups' programs, each group's KV sent to the
-  decode instances of `streams` right after the group is enqueued. streams: [(dst Instance,
-  src pages, dst pages)]. Returns (the last group's device tokens, a StreamedTransfer per
-  stream). program_of(layers): the group's compiled program for this step's bucket."""
-  from pdjax.engine.transfer import transfer_kv_async
+  """Dispatches a prefill step as its layer groups' programs, each group's KV sent on every
+  stream (`as_stream`) right after the group is enqueued. Returns (the last group's device
+  tokens, each stream's `sent(groups)`). program_of(layers): the group's compiled program for
+  this step's bucket."""
+  streams = [as_stream(s) for s in streams]
   carry = prev
   sent = [[] for _ in streams]
   for layers in group_bounds(inst.cfg.num_layers, inst.opts.stream_layers):
     carry, inst.kv = program_of(layers)(inst.params, inst.kv, flat, carry)
-    for out, (dst, src_pages, dst_pages) in zip(sent, streams):
-      out.append(transfer_kv_async(inst, src_pages, dst, dst_pages, layers))
-  return carry, [StreamedTransfer(groups) for groups in sent]
+    for out, stream in zip(sent, streams):
+      out.append(stream.send(inst, layers))
+  return carry, [stream.sent(groups) for stream, groups in zip(streams, sent)]
 
 
 def warm_up(inst, *, prefill: bool, transfer_to_tp=(), receive: bool = False,

@@ -299,12 +299,14 @@ def gather_shards(src, src_pages, dst_tp: int, layers: tuple[int, int] | None = 
   return shards
 
 
-def shard_shapes(dst, k: int) -> list[tuple[int, ...]]:
+def shard_shapes(dst, k: int, layers: tuple[int, int] | None = None) -> list[tuple[int, ...]]:
   """The shapes of a k-page transfer's shards as `land_shards` takes them (one per filled
-  slot and destination device, in order)."""
-  layers, kvh, _, ps, d = dst.kv_pool_shape
+  slot and destination device, in order). layers: a layer group's (None: every layer)."""
+  num_layers, kvh, _, ps, d = dst.kv_pool_shape
+  if layers is not None:
+    num_layers = layers[1] - layers[0]
   plan = transfer_plan(dst.opts.transfer_buckets, k)
-  return [(2, layers, kvh // dst.tp, n, ps, d) for n in plan.pieces for _ in range(dst.tp)]
+  return [(2, num_layers, kvh // dst.tp, n, ps, d) for n in plan.pieces for _ in range(dst.tp)]
 
 
 def land_shards(dst, shards: list, dst_pages, layers: tuple[int, int] | None = None) -> list:

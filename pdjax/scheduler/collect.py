@@ -29,15 +29,15 @@ class Collect:
     try:
       tokens = step.pending.result()
     except InstanceLost as e:   # its process died: the instance is dead, its requests move
-      self._release_streams(step.streams)
+      self._release_streams(step.streams, step.pending)
       self._kill(w, why=f"lost its process ({e})", injected=False)
       return
     except StepNotRun:          # dispatched ahead on the tokens of a step that failed
-      self._release_streams(step.streams)
+      self._release_streams(step.streams, step.pending)
       self._not_run(w, plan)
       return
     except DeviceError as e:
-      self._release_streams(step.streams)
+      self._release_streams(step.streams, step.pending)
       self._fail_plan(w, plan, f"{step.kind} step failed on {w.name}: {type(e).__name__}: {e}")
       if w.inflight is not None and w.inflight.ahead:
         # dispatched on this step's tokens: it fails or is not run; nothing more goes ahead
@@ -85,7 +85,7 @@ class Collect:
         self._held_since[id(req)] = now
         self._maybe_cancel(req, "transfer_wait")
     if step.streams:
-      self._release_streams(step.streams)      # (the bindings no transfer took over)
+      self._release_streams(step.streams, step.pending)      # (the bindings no transfer took over)
     cancels, cancel_plans = self._cancels, self._cancel_plans
     for req, token in zip(plan.decodes, tokens[len(plan.chunks):] if plan.chunks else tokens):
       if req.status.terminal or (cancels and id(req) in cancels):

@@ -24,6 +24,7 @@ import logging
 
 from pdjax.request import Request, Status
 from pdjax.scheduler.errors import DeviceError
+from pdjax.scheduler.streams import abandon_transfer
 
 FALLBACK_TRANSFER = "transfer_failed:recompute_on_decode"
 FALLBACK_DEATH = "instance_died:rerouted"
@@ -146,6 +147,9 @@ class Recovery:
     self._held_since.pop(id(req), None)
     self._retrying.pop(id(req), None)
     self._in_transfer.pop(id(req), None)
+    for t in self._pending_transfers:
+      if t[0] is req:
+        abandon_transfer(t[3])              # (a pull in flight never lands in freed pages)
     self._pending_transfers = [t for t in self._pending_transfers if t[0] is not req]
 
   # ---- KV transfer failures and leases -----------------------------------------------------
@@ -239,6 +243,9 @@ class Recovery:
     if w in self._draining:
       self._draining.remove(w)
       w.draining_to = None
+    for step in (w.inflight, w.ahead):     # KV they streamed to decode instances: released
+      if step is not None and step.streams:
+        self._release_streams(step.streams, step.pending)
     w.inflight = w.ahead = None            # its steps' results are lost with the device
     self._ahead_of_failed.pop(id(w), None)
     victims = list(w.waiting) + list(w.running)

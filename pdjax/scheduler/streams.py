@@ -5,7 +5,8 @@ engine/layer_groups.py; the simulator: sim/instance.py's streamed transfer). A m
 `Driver`; pure Python.
 
 At dispatch (`_bind_streams`): for each chunk that completes a fresh prompt of at least
-kv.stream_min_tokens tokens bound for the decode tier, when no prefilled request is already
+kv.stream_min_tokens tokens bound for the decode tier (and asking for more than its first
+token: one that stops there never decodes), when no prefilled request is already
 waiting for a decode slot (they go first), the decode router picks an instance with room among
 those a transfer could use now; the slot is reserved and the pages allocated there (a prefix
 the decode instance caches is reused: only the rest travels), exactly as a transfer after
@@ -38,7 +39,7 @@ class Streams:
     bound = []
     for req, _, end in plan.chunks:
       if (end < req.prefill_len or w.keeps(req) or req.prefill_len < o.stream_min_tokens
-          or id(req) in self._cancels):
+          or req.sampling.max_new_tokens <= 1 or id(req) in self._cancels):
         continue
       need = req.prompt_len + 1          # as Transfers._start_transfers: the prompt + a slot
       eligible = [d for d in self.tier("decode")
@@ -71,7 +72,9 @@ class Streams:
     for i, (r, dst, _) in enumerate(step.streams):
       if r is not req:
         continue
+      sent = _sent(step.pending)
       if dst.dead or req.id not in dst.tables:
+        _abandon(sent, i)
         self._release_stream(req, dst)
         return False
       req.transfer_start_s = step.dispatched_s
@@ -84,17 +87,19 @@ class Streams:
                                              f"failure")
         return True
       self._in_transfer[id(req)] = (req, src, dst)
-      pending = getattr(step.pending, "inner", step.pending)   # (an injected slowdown wraps it)
-      self._pending_transfers.append((req, src, dst, pending.streams[i]))
+      self._pending_transfers.append((req, src, dst, sent[i]))
       self._maybe_cancel(req, "transfer")   # (an injected client cancel planned for then)
       return True
     return False
 
-  def _release_streams(self, bound: list) -> None:
+  def _release_streams(self, bound: list, pending=None) -> None:
     """Releases the bindings (a step's `streams`) that no transfer took over (the step failed
-    or was not run, or its request ended at its first token)."""
-    for req, dst, _ in bound:
+    or was not run, or its request ended at its first token); their transfers in flight, if
+    the step was dispatched (`pending`), are abandoned."""
+    sent = _sent(pending)
+    for i, (req, dst, _) in enumerate(bound):
       if dst is not None:
+        _abandon(sent, i)
         self._release_stream(req, dst)
 
   def _release_stream(self, req: Request, dst: InstanceQueue) -> None:
@@ -104,3 +109,23 @@ class Streams:
     if req.id in dst.tables:
       dst.tables.free(req.id, self.clock.now())
     self._touch(dst)
+
+
+def _sent(pending) -> list | None:
+  """A dispatched streaming step's transfers in flight (an injected slowdown wraps the step)."""
+  return getattr(getattr(pending, "inner", pending), "streams", None)
+
+
+def _abandon(sent: list | None, i: int) -> None:
+  if sent is not None:
+    abandon_transfer(sent[i])
+
+
+def abandon_transfer(transfer) -> None:
+  """A transfer in flight is not waited for: its destination pages are about to be released.
+  One whose late landing could still write them (a Ray pull) has `abandon()`, which makes
+  sure it never lands; an in-process one lands in dispatch order, before any later step on
+  those pages, and a simulated one copies nothing until polled."""
+  abandon = getattr(transfer, "abandon", None)
+  if abandon is not None:
+    abandon()

@@ -37,12 +37,12 @@ def _instances(stream_layers, clock, decode=1, link=1e9):
 
 
 def _serve(stream_layers, prompts, min_tokens=0, max_new=(5,), decode=1, injector=None,
-           link=1e9):
+           link=1e9, eos=None):
   clock = ManualClock()
   insts = _instances(stream_layers, clock, decode, link)
   reqs = [Request(id=f"r{i}", arrival_s=0.01 * i, prompt_ids=[5 + i] * n,
                   sampling=SamplingParams(max_new_tokens=max_new[i % len(max_new)]),
-                  eos_ids=(2,)) for i, n in enumerate(prompts)]
+                  eos_ids=(2,) if eos is None else eos[i]) for i, n in enumerate(prompts)]
   result = serving.serve("disaggregated", insts, reqs, clock=clock, transfer_fn=sim_transfer,
                          stream_layers=stream_layers, stream_min_tokens=min_tokens,
                          injector=injector)
@@ -92,11 +92,37 @@ def test_tokens_equal_the_unstreamed_run_and_short_prompts_go_whole():
     assert all(r.status == Status.FINISHED for r in got.requests)
 
 
-def test_a_request_ending_at_its_first_token_releases_its_decode_pages():
+@pytest.fixture
+def bound(monkeypatch):
+  """The stream bindings the driver makes (requests bound to a decode instance at dispatch)."""
+  from pdjax.scheduler.streams import Streams
+  out = []
+  original = Streams._stream_calls
+  monkeypatch.setattr(Streams, "_stream_calls",
+                      lambda self, w, b: out.extend(r for r, _, _ in b) or original(self, w, b))
+  return out
+
+
+def test_a_request_ending_at_its_first_token_releases_its_decode_pages(bound):
+  """Each request's first token is its EOS: streamed (bound at dispatch), then released at
+  collection, never transferred."""
+  first = [r.output_ids[0] for r in _serve(2, [64, 64])[0].requests]
+  bound.clear()
+  result, insts = _serve(2, [64, 64], eos=[(t,) for t in first])
+  assert [r.id for r in bound] == ["r0", "r1"]
+  assert [r.output_ids for r in result.requests] == [[t] for t in first]
+  assert [r.transfer_start_s for r in result.requests] == [None, None]
+  assert result.transfers == []
+  assert insts[1].tables.num_used_pages == 0   # (the bindings released; kv_pages_leaked too)
+
+
+def test_a_request_asking_for_one_token_is_not_streamed(bound):
+  """max_new_tokens=1 never decodes: no decode instance is bound for it."""
   result, insts = _serve(2, [64, 64], max_new=(1,))
   assert [len(r.output_ids) for r in result.requests] == [1, 1]
-  assert [r.transfer_start_s for r in result.requests] == [None, None]
-  assert insts[1].tables.num_used_pages == 0   # (the bindings released; kv_pages_leaked too)
+  assert bound == [] and insts[1].tables.num_used_pages == 0
+  _serve(2, [64, 64], max_new=(2,))
+  assert len(bound) == 2                       # (the same prompts asking for 2 are streamed)
 
 
 def test_a_decode_instance_killed_mid_stream_sends_the_request_elsewhere():
