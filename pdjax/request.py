@@ -76,6 +76,8 @@ class Request:
   transfer_s: float = 0.0
   transfer_start_s: float | None = None
   transfer_end_s: float | None = None
+  transfer_group_ends_s: list[float] = dataclasses.field(default_factory=list)   # streamed:
+                                        # each layer group's landing after transfer_start_s
   decode_start_s: float | None = None   # joined a decode batch (after transfer if any)
   preemptions: int = 0                  # times its KV was dropped and recomputed
   num_computed_tokens: int = 0          # of prefill_tokens, already in the KV cache
@@ -204,6 +206,7 @@ class Request:
         "prefill_end_s": self.prefill_end_s,
         "transfer_start_s": self.transfer_start_s,
         "transfer_end_s": self.transfer_end_s,
+        "transfer_group_ends_s": list(self.transfer_group_ends_s),
         "decode_start_s": self.decode_start_s,
         "finish_s": self.finish_s,
         "preemptions": self.preemptions,

@@ -207,8 +207,9 @@ class RemoteStreamedTransfer:
         error = error or e
     if error is not None:
       raise error
-    return TransferResult(bytes=sum(r.bytes for r in results),
-                          seconds=max(r.seconds for r in results))
+    ends = tuple(r.seconds for r in results)   # (every group's pull counts from the step)
+    return TransferResult(bytes=sum(r.bytes for r in results), seconds=max(ends),
+                          group_ends_s=ends)
 
   def abandon(self) -> None:
     """The driver releases the destination pages without landing (the step failed, the

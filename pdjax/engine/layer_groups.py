@@ -85,9 +85,10 @@ class StreamedTransfer:
 
   def result(self) -> TransferResult:
     results = [g.result() for g in self.groups]
-    return TransferResult(bytes=sum(r.bytes for r in results),
-                          seconds=max(g.start + r.seconds for g, r in zip(self.groups, results))
-                          - self.groups[0].start)
+    ends = tuple(g.start + r.seconds - self.groups[0].start
+                 for g, r in zip(self.groups, results))
+    return TransferResult(bytes=sum(r.bytes for r in results), seconds=max(ends),
+                          group_ends_s=ends)
 
 
 class LocalStream:

@@ -137,11 +137,24 @@ def _request_events(requests: Sequence[Request]) -> Iterator[dict]:
         # its own under the request's (spans on one track must nest)
         yield _meta("thread_name", REQUESTS_PID, STREAM_TID + tid, f"{r.id} KV stream")
         yield _span(name, "request", start, end, REQUESTS_PID, STREAM_TID + tid, args)
+        yield from _group_spans(r, STREAM_TID + tid)
         continue
       yield _span(name, "request", start, end, REQUESTS_PID, tid, args)
     if r.status in (Status.REJECTED, Status.FAILED) and r.finish_s is not None:
       yield _instant(r.status.value, "request", r.finish_s, REQUESTS_PID, tid,
                      {"reason": r.reason})
+
+
+def _group_spans(r: Request, tid: int) -> Iterator[dict]:
+  """A streamed transfer's layer groups, nested in its span: group g from the landing of group
+  g - 1 (group 0: the transfer's start) to its own, as observed (`transfer_group_ends_s`);
+  the last one's part after the prefill span is the exposed transfer."""
+  begin = r.transfer_start_s
+  for g, offset in enumerate(r.transfer_group_ends_s):
+    end = min(r.transfer_start_s + offset, r.transfer_end_s)
+    yield _span(f"group {g}", "request", begin, max(end, begin), REQUESTS_PID, tid,
+                {"landed_after_s": offset, "of": len(r.transfer_group_ends_s)})
+    begin = max(end, begin)
 
 
 def pool_counters(samples: Sequence[dict]) -> list[dict]:

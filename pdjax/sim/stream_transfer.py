@@ -36,12 +36,13 @@ def streamed_transfers(src, step_s: float, streams, num_layers: int) -> list[Sim
       raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} "
                        f"destination")
     num_bytes = src.kv_bytes(cost.moved_pages(len(src_pages)))
-    land, done = start, 0.0
+    land, done, ends = start, 0.0, []
     for share in fractions:
       done += share
       land = max(land, start + step_s * done) + cost.transfer_s(num_bytes * share) + group_s
+      ends.append(land - start)
     first = start + step_s * fractions[0]
     transfer = SimTransfer(src, list(src_pages), dst, list(dst_pages), num_bytes, land - first)
-    transfer.end_s = land
+    transfer.end_s, transfer.group_ends_s = land, tuple(ends)
     out.append(transfer)
   return out

@@ -21,6 +21,7 @@ class SimTransfer:
     self.src, self.dst, self.src_pages, self.dst_pages = src, dst, src_pages, dst_pages
     self.bytes, self.seconds = int(num_bytes), seconds
     self.end_s = src.clock.now() + seconds
+    self.group_ends_s: tuple[float, ...] = ()   # a streamed one's (sim/stream_transfer.py)
 
   def ready(self) -> bool:
     return self.src.clock.now() >= self.end_s
@@ -29,4 +30,4 @@ class SimTransfer:
     self.src.clock.advance_to(self.end_s)
     for s, d in zip(self.src_pages, self.dst_pages):
       self.dst.digests[d] = self.src.digests[s]
-    return TransferResult(bytes=self.bytes, seconds=self.seconds)
+    return TransferResult(bytes=self.bytes, seconds=self.seconds, group_ends_s=self.group_ends_s)

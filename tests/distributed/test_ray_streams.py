@@ -71,6 +71,8 @@ def test_streamed_through_actors_equals_hf(ray_cluster, hf_llama, hf_outputs, ti
   # exactly its pages crossed (page_size 8; k and v, 2 layers, 2 kv heads, head_dim 16,
   # float32: 4096 bytes a page, summed over the groups).
   assert all(r.transfer_start_s < r.prefill_end_s for r in result.requests)
+  assert [len(r.transfer_group_ends_s) for r in result.requests] == [groups] * len(PROMPTS)
+  assert all(r.transfer_group_ends_s[-1] == r.transfer_s for r in result.requests)
   assert [r.transfer_bytes for r in result.requests] == [-(-len(p) // 8) * 4096 for p in PROMPTS]
   assert len(result.transfers) == len(PROMPTS) and all(t["ok"] for t in result.transfers)
 

@@ -117,5 +117,8 @@ def test_streamed_runs_match_unstreamed_with_prefix_hits_and_chunked_prompts(tmp
   assert all(r["status"] == "finished" for r in got) and got_sum["kv_pages_leaked"] == 0
   moved = [r for r in got if r["transfer_end_s"] is not None]
   assert moved and all(r["transfer_start_s"] < r["prefill_end_s"] for r in moved)
+  for r in moved:   # two groups' landings, in order, the last the transfer's own end
+    first, last = r["transfer_group_ends_s"]
+    assert 0 < first <= last == r["transfer_s"]
   assert max(r["prompt_len"] for r in got) > 128               # chunked
   assert got_sum["kv_cache"]["decode_hit_tokens"] > 0           # decode-side prefix hits

@@ -66,6 +66,8 @@ def test_the_exposed_transfer_by_hand():
   assert r.transfer_exposed_s == pytest.approx(quarter)
   assert r.transfer_start_s == r.prefill_start_s   # sent from the step's dispatch on
   assert r.transfer_s == pytest.approx(step_s * 3 / 4 + quarter)   # first group out -> landed
+  # group g lands a quarter's copy after the step has computed through its layer
+  assert r.transfer_group_ends_s == pytest.approx([step_s * g / 4 + quarter for g in (1, 2, 3, 4)])
   unstreamed = _serve(0, [320])[0].requests[0]
   assert unstreamed.transfer_exposed_s == pytest.approx(total / 1e9)   # all of it
   assert unstreamed.decode_start_s - r.decode_start_s == pytest.approx(total / 1e9 - quarter)
@@ -215,6 +217,13 @@ def test_the_trace_draws_a_streamed_transfer_overlapping_its_prefill():
   assert names[STREAM_TID + 1] == "r0 KV stream"
   assert prefill["ts"] <= stream["ts"] < prefill["ts"] + prefill["dur"] < stream["ts"] + stream["dur"]
   assert (2, "transfer") in spans and STREAM_TID + 2 not in names   # r1: 40 tokens, not streamed
+  # each group's span on the stream track, one after the other: group 0 lands inside the
+  # prefill, group 1 (the last) after it, ending with the transfer
+  g0, g1 = spans[(STREAM_TID + 1, "group 0")], spans[(STREAM_TID + 1, "group 1")]
+  assert g0["ts"] == stream["ts"] and g0["ts"] + g0["dur"] == g1["ts"]
+  assert g0["ts"] + g0["dur"] < prefill["ts"] + prefill["dur"] < g1["ts"] + g1["dur"]
+  assert g1["ts"] + g1["dur"] == pytest.approx(stream["ts"] + stream["dur"], abs=1)
+  assert (g0["args"]["of"], g1["args"]["of"]) == (2, 2) and (STREAM_TID + 1, "group 2") not in spans
 
 
 def test_cancels_planned_for_the_transfer_apply_to_streamed_requests():
