@@ -275,6 +275,11 @@ def calibrate(cfg, mcfg, repeats: int, rounds: int = 1) -> dict:
                    "transfer": measure_transfer(src, dst, opts, repeats),
                    "sharing": measure_sharing(same_tp, opts, repeats)})
   merged = _median_rounds(passes)
+  from pdjax.engine.stream_timing import measure_stream_group_s
+  groups = cfg.kv.get("stream_layers", 0)
+  print(f"layer-group streaming: {groups or 'up to 4'} groups, tp{src.tp}->tp{dst.tp}",
+        file=sys.stderr)
+  stream = measure_stream_group_s(src, dst, mcfg, params, opts, groups, repeats)
   print(f"host time: serving {min(cfg.workload.num_requests, HOST_REQUESTS)} requests "
         "disaggregated", file=sys.stderr)
   host, host_wait = measure_host(cfg, mcfg, instances, opts)
@@ -316,5 +321,6 @@ def calibrate(cfg, mcfg, repeats: int, rounds: int = 1) -> dict:
       "host_sharing": sharing,
       "host_s": host,            # charged per step (pdjax.sim.calibrated.HostFit)
       "host_wait_s": host_wait,  # not charged: the whole wait, dispatch and readback included
+      "stream_group_s": stream,  # per layer group of a streamed prefill (engine/stream_timing.py)
   }
   return profile

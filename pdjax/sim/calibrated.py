@@ -28,6 +28,10 @@ of steps that did wait for the host (with overlap, a step dispatched ahead waits
 It is part of the simulated step (and so slowed by a shared host, like the Python it stands
 for): the simulated step records' own host fields stay 0, as the virtual clock does not move
 while the driver plans. A profile made before host time was measured is refused (`load_profile`).
+
+Layer-group streaming (`stream_group_s`, kv.stream_layers): the extra seconds per layer group of
+a streamed prefill step, measured by `pdjax.calibrate` (engine/stream_timing.py); a profile
+without it charges none, as the roofline's ideal engine does.
 """
 
 from __future__ import annotations
@@ -207,6 +211,8 @@ class CalibratedCost:
   transfer_buckets: tuple[int, ...]     # pages per transfer
   host_prefill: HostFit = HostFit()     # driver host time per prefill / mixed step
   host_decode: HostFit = HostFit()      # and per decode step
+  stream_group_s: float = 0.0           # per layer group of a streamed prefill (kv.stream_
+                                        # layers; the profile's, engine/stream_timing.py)
   transfer_waits_for_destination = True  # the engine's copy queues behind dst's step
 
   def kv_bytes_per_token(self) -> float:
@@ -293,4 +299,5 @@ def cost_from_profile(profile: dict, tp: int, opts) -> CalibratedCost:
                         decode_buckets=tuple(opts.decode_buckets),
                         transfer_buckets=tuple(opts.transfer_buckets),
                         host_prefill=HostFit.from_json(host["prefill"]),
-                        host_decode=HostFit.from_json(host["decode"]))
+                        host_decode=HostFit.from_json(host["decode"]),
+                        stream_group_s=profile.get("stream_group_s", {}).get("seconds", 0.0))

@@ -3,6 +3,8 @@ group programs samples the same tokens and writes the same KV as the one-program
 the pages streamed group by group land on the decode instance exactly as one whole transfer
 puts them there, across TP degrees."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -61,6 +63,23 @@ def test_streamed_prefill_equals_the_one_program_prefill_and_transfer(tiny_model
     for a, b in zip(got[1] + got[2], base[1] + base[2]):   # both pools, k and v, bit for bit
       np.testing.assert_array_equal(a, b)
     assert got[3] == base[3]                         # the same bytes moved in all
+
+
+def test_calibration_measures_the_streamed_steps_extra_time_per_group(tiny_model):
+  """pdjax.calibrate's stream_group_s (engine/stream_timing.py): the largest prefill bucket
+  that fits, one program vs. the model's layers as groups streaming to a decode instance, on
+  the given instances' devices; its own instances' pages all freed."""
+  from pdjax.engine.stream_timing import measure_stream_group_s
+  cfg, params = tiny_model
+  opts = tiny_engine_options()
+  src, dst = build_instances([("prefill", 1, 1), ("decode", 1, 1)], cfg, params, opts)
+  out = measure_stream_group_s(src, dst, cfg, params, opts, 0, repeats=2)
+  assert (out["groups"], out["tokens"]) == (2, 32)   # max_model_len 96: the 128 bucket can't
+  assert out["one_program_s"] > 0 and out["streamed_s"] > 0
+  assert out["seconds"] == max(0.0, out["streamed_s"] - out["one_program_s"])
+  assert src.tables.num_used_pages == dst.tables.num_used_pages == 0
+  one_layer = dataclasses.replace(cfg, num_layers=1)
+  assert measure_stream_group_s(src, dst, one_layer, params, opts, 0, 2)["seconds"] == 0.0
 
 
 def test_streams_need_stream_layers(tiny_model):

@@ -81,6 +81,29 @@ def test_calibrated_cost_charges_the_profiles_host_time_per_step():
   assert cost.transfer_s(32768) == pytest.approx(0.002)      # transfers carry no host term
 
 
+def test_the_profiles_stream_group_time_is_charged_per_group():
+  """A profile's stream_group_s reaches the cost (none without it), and a streamed prefill
+  step on a calibrated SimInstance lasts (G - 1) groups' worth longer."""
+  from pdjax.scheduler.clock import ManualClock
+  from pdjax.sim.instance import SimInstance
+  opts = EngineOptions(page_size=16, num_pages=64, max_model_len=512, prefill_buckets=(64, 512),
+                       max_prefill_seqs=4, decode_buckets=(4, 16), stream_layers=2)
+  assert calibrated.cost_from_profile(_profile(), 2, opts).stream_group_s == 0.0
+  profile = dict(_profile(), stream_group_s={"seconds": 0.003, "groups": 2, "tokens": 512,
+                                             "one_program_s": 0.08, "streamed_s": 0.083})
+  cost = calibrated.cost_from_profile(profile, 2, opts)
+  assert cost.stream_group_s == 0.003
+  clock = ManualClock()
+  make = lambda name, role: SimInstance(name, role, cost, opts, clock=clock, vocab_size=512,
+                                        eos_ids=(2,), num_layers=2)
+  src, dst = make("prefill-0", "prefill"), make("decode-0", "decode")
+  pages, dpages = src.tables.allocate("a", 33), dst.tables.allocate("a", 34)[:3]
+  seqs = [([5] * 33, 0, pages, 0.0, 0, 1.0)]
+  plain = src.prefill(seqs).end_s - clock.now()
+  streamed = src.prefill(seqs, streams=[(dst, pages, dpages)]).end_s - clock.now()
+  assert plain == pytest.approx(0.01) and streamed == pytest.approx(0.013)
+
+
 def test_a_run_with_more_prefill_rows_takes_the_ragged_programs_fit():
   """A chunked run's prefill program has a row per decode (17 here, 4 in the plain one): its
   prefill and mixed steps cost what the ragged program was measured at."""
@@ -240,6 +263,8 @@ def test_calibrate_cli_then_sim_matches_jax_request_for_request(tmp_path):
   assert data["instances"]["2"]["prefill"]["sizes"] == [64.0, 512.0]
   assert len(data["host_sharing"]["decode"]) == 4           # 4 instances: 0-3 others
   assert data["host_s"]["decode"]["steps"] > 0 and data["host_s"]["decode"]["waited_share"] == 1.0
+  stream = data["stream_group_s"]   # tiny's 2 layers as 2 groups; 512 > max_model_len 512 - 1
+  assert (stream["groups"], stream["tokens"]) == (2, 64) and stream["one_program_s"] > 0
   _run(["pdjax.run", *smoke, f"--workdir={tmp_path / 'jax'}"])
   _run(["pdjax.run", *smoke, "--config.backend=sim", "--config.sim.cost_model=calibrated",
         f"--config.sim.profile={profile}", f"--workdir={tmp_path / 'sim'}"])
