@@ -1,9 +1,11 @@
 """kv.stream_layers under cluster.launcher=ray: a prefill actor runs the step by layer groups
 and offers each group's KV as soon as it is enqueued; each decode actor pulls every group once
 (one pull per group, sent with the step). Greedy tokens equal HF's (and so the unstreamed
-run's) on TP1->TP1, TP2->TP1 and TP1->TP2 with 1 and 2 (= all) groups; exactly the prompt's
-pages cross processes; a request ending at its first token has its pulls revoked on the
-decode actor (dropped, never landed) and its offers settled or expired; nothing leaks."""
+run's) on TP1->TP1, TP2->TP1 and TP1->TP2 with 1 and 2 (= all) groups, and with chunked
+prompts and decode-side prefix hits; exactly the pages needed cross processes; a request
+ending at its first token has its pulls revoked on the decode actor (dropped, never landed)
+and its offers settled or expired; a decode actor killed while its groups stream loses
+nothing; nothing leaks."""
 
 import time
 
@@ -148,6 +150,41 @@ def test_a_decode_process_killed_while_its_groups_stream(ray_cluster, hf_llama, 
     assert result.faults["instances_killed"] == 1
     # (every request streamed: none decoded on decode-0 before it died, all on decode-1)
     assert {r.decode_instance for r in result.requests} == {"decode-1"}
+    assert serving.kv_pages_leaked(instances) == 0
+  finally:
+    ray_cluster.release(instances)
+
+
+def test_chunked_prompts_and_decode_side_prefix_hits_stream_only_the_new_pages(ray_cluster,
+                                                                               hf_llama):
+  """Prefill buckets of 32 tokens (longer prompts prefill in chunks; only the last chunk's step
+  streams), the prefix cache on: r1 repeats r0's 51-token prompt and adds 20 tokens after r0
+  finished, so the decode actor holds r0's full pages already and only the rest travel, layer
+  group by layer group. Tokens equal HF's."""
+  path, model = hf_llama
+  long = PROMPTS[2]
+  prompts, max_new = [long, long + list(range(70, 90))], [6, 6]
+  requests = [Request(id=f"r{i}", arrival_s=a, prompt_ids=p, eos_ids=(2,),
+                      sampling=SamplingParams(max_new_tokens=m))
+              for i, (p, m, a) in enumerate(zip(prompts, max_new, (0.0, 3.0)))]
+  instances = ray_cluster.build_instances([("prefill", 1, 2), ("decode", 1, 1)],
+                                          config_from_hf(path),
+                                          tiny_engine_options(stream_layers=2,
+                                                              prefill_buckets=(32,)),
+                                          checkpoint=path)
+  for inst in instances:
+    inst.tables.enable_prefix_cache(0, 0.0, "lru")
+  try:
+    result = serving.serve("disaggregated", instances, requests,
+                           transfer_fn=ray_cluster.transfer_fn, stream_layers=2,
+                           stream_min_tokens=0)
+    r0, r1 = result.requests
+    assert [r.output_ids for r in result.requests] == hf_greedy_outputs(model, prompts, max_new)
+    assert r0.finish_s < r1.arrival_s
+    assert r1.decode_cached_tokens == 48                   # r0's 6 full pages of 8 tokens
+    # r1: 71 prompt tokens = 9 pages, 6 cached on the decode actor: 3 pages travel
+    assert [r.transfer_bytes for r in result.requests] == [7 * 4096, 3 * 4096]
+    assert all(r.transfer_start_s < r.prefill_end_s for r in result.requests)
     assert serving.kv_pages_leaked(instances) == 0
   finally:
     ray_cluster.release(instances)
