@@ -66,6 +66,7 @@ class Request:
   status: Status = Status.WAITING
   reason: str = ""             # why it was rejected / failed
   path: str = ""               # "colocated" | "disaggregated"
+  path_reason: dict | None = None   # why (the path policy's inputs and choice: PathChoice.reason)
   output_ids: list[int] = dataclasses.field(default_factory=list)
   token_times: list[float] = dataclasses.field(default_factory=list)
   prefill_instance: str | None = None
@@ -193,6 +194,7 @@ class Request:
         "tpot_s": self.tpot_s,
         "e2e_s": self.e2e_s,
         "path": self.path,
+        "path_reason": self.path_reason,
         "prefill_instance": self.prefill_instance,
         "decode_instance": self.decode_instance,
         "transfer_bytes": self.transfer_bytes,

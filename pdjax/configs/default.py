@@ -86,7 +86,8 @@ def get_config(arg=None):
   c.scheduler.prefill_router = "least_loaded"   # round_robin|random|least_loaded|power_of_two|
   c.scheduler.decode_router = "least_loaded"    #   kv_aware|kv_aware_prefix|session_sticky
   c.scheduler.path = "always_disagg"            # always_disagg|always_colocated|length_hybrid|
-                                                #   load_hybrid|prefix_hybrid
+                                                #   load_hybrid|prefix_hybrid|isl_bounding|
+                                                #   slo_headroom
   c.scheduler.admission = "none"                # none|queue_bound|predicted_slo
   c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)
   c.scheduler.role_switch = "none"              # none|queue_balance
@@ -94,7 +95,10 @@ def get_config(arg=None):
   c.scheduler.overlap = "auto"                  # dispatch the next step before a decode step's
                                                 #   tokens reach the host: auto (TPU/GPU on,
                                                 #   CPU off) | true | false
-  c.scheduler.length_threshold = 128            # length_hybrid, prefix_hybrid (uncached part)
+  c.scheduler.length_threshold = 128            # length_hybrid, prefix_hybrid, isl_bounding
+                                                #   (uncached part)
+  c.scheduler.isl_ratio = 0.7                   # isl_bounding: local also needs the uncached
+                                                #   part under this share of the prompt
   c.scheduler.saturation = 0.9                  # load_hybrid: decode tier "full" at this share
   c.scheduler.admission_headroom = 1.0           # predicted_slo: admit within this x the SLO
   c.scheduler.max_queue = 32                    # queue_bound: waiting requests per instance

@@ -30,7 +30,7 @@ def policies_for(cfg, run: str, opts):
                 saturation=sc.saturation, max_queue=sc.max_queue, slo_ttft_s=cfg.slo.ttft_s,
                 slo_tpot_s=cfg.slo.tpot_s, interval_s=sc.role_switch_interval_s,
                 queued_tokens=sc.role_switch_queued_tokens, shared_salt=cfg.kv.shared_salt,
-                headroom=sc.get("admission_headroom", 1.0))
+                headroom=sc.get("admission_headroom", 1.0), isl_ratio=sc.get("isl_ratio", 0.7))
   return policy_lib.build(names, params, seed=cfg.seed)
 
 

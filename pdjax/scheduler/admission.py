@@ -10,9 +10,11 @@ from collections import deque
 from pdjax.kv.prefix_cache import salt_for
 from pdjax.request import Request, Status
 from pdjax.scheduler import batching
+from pdjax.scheduler.policies import PATHS
 from pdjax.scheduler.policies.base import PathChoice
 
 COLOCATED = PathChoice("colocated", "colocated")
+PATH_NAMES = {cls: name for name, cls in PATHS.items()}
 
 
 class Admission:
@@ -26,10 +28,8 @@ class Admission:
           req, max_model_len=o.max_model_len, pool_pages=o.pool_pages, page_size=o.page_size,
           vocab_size=o.vocab_size)
       if not reason:
-        choice = (COLOCATED if self.mode == "colocated" else
-                  p.path.choose(req, self.tier("prefill"), self.tier("decode")))
-        router = p.decode_router if choice.tier == "decode" else p.prefill_router
-        worker = router.choose(req, self.tier(choice.tier))
+        choice, worker = self._route(req)
+        req.path_reason = choice.reason or self._path_reason(choice)
         reason = ("no instance in the " + choice.tier + " tier" if worker is None else
                   p.admission.check(req, worker, choice, self.tier("decode"))
                   or self._quota_reason(req, choice))
@@ -40,6 +40,31 @@ class Admission:
       worker.waiting.append(req)
       self._touch(worker)
       self._plan_cancel(req)
+
+  def _route(self, req: Request) -> tuple[PathChoice, object]:
+    """The request's path and its first instance (None: none in that tier). A path policy that
+    `uses_picks` decides for the routers' picks of both tiers, and the request goes to the
+    chosen tier's pick."""
+    p = self.policies
+    if self.mode == "colocated":
+      return COLOCATED, p.prefill_router.choose(req, self.tier("colocated"))
+    if p.path.uses_picks:
+      picks = (p.prefill_router.choose(req, self.tier("prefill")),
+               p.decode_router.choose(req, self.tier("decode")))
+      choice = p.path.choose(req, self.tier("prefill"), self.tier("decode"), picks)
+      return choice, picks[1] if choice.tier == "decode" else picks[0]
+    choice = p.path.choose(req, self.tier("prefill"), self.tier("decode"))
+    router = p.decode_router if choice.tier == "decode" else p.prefill_router
+    return choice, router.choose(req, self.tier(choice.tier))
+
+  def _path_reason(self, choice: PathChoice) -> dict:
+    """The path_reason of a policy that gives none: its name and the choice (one shared dict
+    per choice: a simulated run may hold millions of requests)."""
+    if choice.path not in self._path_reasons:
+      name = ("mode" if self.mode == "colocated" else
+              PATH_NAMES.get(type(self.policies.path), type(self.policies.path).__name__))
+      self._path_reasons[choice.path] = {"policy": name, "choice": choice.path}
+    return self._path_reasons[choice.path]
 
   def _salt(self, r: Request) -> str:
     return salt_for(r.tenant, self.opts.shared_salt, r.cache_salt)

@@ -166,6 +166,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     self._draining: list[InstanceQueue] = []
     self._init_recovery()
     self._inbox = self._listener = None
+    self._path_reasons: dict[str, dict] = {}   # the shared path_reason of a policy that gives none
     self.requests: list[Request] = []   # the run's requests (Driver.run; see spill_dir)
     self._open: dict[int, Request] = {}   # id -> taken, not terminal yet
     self._taken = 0

@@ -84,6 +84,7 @@ class InstanceQueue:
     self.prefill_drain_tok_s: float | None = None   # per second of wall time with a queue
     self._drain_from: float | None = None     # when the current backlog period's clock started
     self.decode_step_s: float | None = None
+    self.transfer_s_per_page: float | None = None   # KV transfers landed here, EWMA
     self.latest_sample: tuple | None = None   # the driver's latest sample of its state (a row)
     self.chain_safe_until: float | None = None   # its chain cannot preempt before (until
                                                  # touched): scheduler/decode_segments.py
@@ -95,6 +96,15 @@ class InstanceQueue:
   @property
   def tables(self):
     return self.instance.tables
+
+  @property
+  def tp(self) -> int:
+    return getattr(self.instance, "tp", 1)
+
+  def measure_transfer(self, pages: int, seconds: float) -> None:
+    """A transfer of `pages` pages landed here after `seconds` (dispatch to landing seen)."""
+    if pages > 0:
+      self.transfer_s_per_page = _ewma(self.transfer_s_per_page, seconds / pages)
 
   def keeps(self, req: Request) -> bool:
     """Whether a request prefilled here also decodes here (no transfer)."""

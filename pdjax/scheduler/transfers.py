@@ -115,6 +115,8 @@ class Transfers:
     r.transfer_end_s = self.clock.now()
     r.transfer_bytes, r.transfer_s = result.bytes, result.seconds
     r.transfer_group_ends_s = list(result.group_ends_s)
+    ps = self.opts.page_size
+    dst.measure_transfer(-(-r.prompt_len // ps) - r.decode_cached_tokens // ps, result.seconds)
     self.transfers.append({"bytes": result.bytes, "seconds": result.seconds, "ok": True})
     r.status, r.decode_instance, r.decode_start_s = Status.DECODING, dst.name, r.transfer_end_s
     dst.join(r)

@@ -35,7 +35,8 @@ CASES = [
      "raised ValueError: unknown variant 'bogus' (known: smoke)"),
     (["--config.scheduler.path=shortest"],
      "config error: scheduler.path='shortest' is not one of ['always_colocated', "
-     "'always_disagg', 'length_hybrid', 'load_hybrid', 'prefix_hybrid']"),
+     "'always_disagg', 'isl_bounding', 'length_hybrid', 'load_hybrid', 'prefix_hybrid', "
+     "'slo_headroom']"),
     (["--config.workload.kind=foo"],
      "config error: workload.kind='foo' is not one of ['synthetic', 'azure', 'mooncake', "
      "'burstgpt', 'jsonl']"),
@@ -53,6 +54,8 @@ CASES = [
      "config error: cluster.pull_timeout_s=0.0 must be a finite number > 0"),
     (["--config.cluster.launcher=ray", "--config.cluster.ray_accelerator=npu"],
      "config error: cluster.ray_accelerator='npu' is not one of ['auto', 'cpu', 'gpu', 'tpu']"),
+    (["--config.scheduler.isl_ratio=1.5"],
+     "config error: scheduler.isl_ratio=1.5 must be in (0, 1]"),
     (["--config.output.trace_steps=some"],
      "config error: output.trace_steps='some' is not one of ['auto', 'full']"),
     (["--config.model.param_layout=flat"],

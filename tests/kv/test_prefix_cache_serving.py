@@ -164,6 +164,24 @@ def test_prefix_hybrid_keeps_a_mostly_cached_follow_up_on_the_decode_tier():
   assert second.cached_tokens == 64 and len(result.transfers) == 1
 
 
+def test_isl_bounding_decides_on_the_decode_picks_cached_prefix():
+  """Dynamo's rule on the same two turns (threshold 40, ratio 0.7): turn 1 has nothing cached
+  (eff_isl 70, not < 40 nor < 49) and goes disaggregated; turn 2 (90 tokens, 64 cached on decode-0,
+  the session-sticky pick) has eff_isl 26 < 40 and < 63: prefilled on decode-0. Each
+  request's path_reason says so."""
+  result, _ = _two_turns(20, path="isl_bounding", threshold=40)
+  first, second = result.requests
+  assert (first.path, second.path, second.prefill_instance) == (
+      "disaggregated", "colocated", "decode-0")
+  assert first.path_reason == {"policy": "isl_bounding", "choice": "disaggregated",
+                               "decode_instance": "decode-0", "eff_isl": 70, "prompt": 70,
+                               "why": "eff_isl 70 >= 40 and >= 0.7 x prompt 70"}
+  assert second.path_reason == {"policy": "isl_bounding", "choice": "colocated",
+                                "decode_instance": "decode-0", "eff_isl": 26, "prompt": 90,
+                                "why": "eff_isl 26 < 40 and < 0.7 x prompt 90"}
+  assert second.cached_tokens == 64 and len(result.transfers) == 1
+
+
 @pytest.mark.slow
 def test_multi_turn_tokens_identical_with_decode_side_hits(tmp_path):
   """agent_multiturn sessions, disaggregated, session-sticky decode routing and the prefix

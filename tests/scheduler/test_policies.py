@@ -128,6 +128,97 @@ class TestPaths:
     assert len(driver.transfers) == 1
 
 
+class _Signals:
+  """A worker as the latency model reads it: hand-set rates, queue and cache (page size 4)."""
+
+  def __init__(self, name, tp=1, queued=0, running=0, cached_pages=0, prefill_tok_s=None,
+               decode_step_s=None, transfer_s_per_page=None):
+    import types
+    self.name, self.tp, self._queued, self._cached = name, tp, queued, cached_pages
+    self.running = [None] * running
+    self.prefill_tok_s, self.prefill_drain_tok_s = prefill_tok_s, None
+    self.decode_step_s, self.transfer_s_per_page = decode_step_s, transfer_s_per_page
+    self.tables = types.SimpleNamespace(page_size=4)
+
+  def queued_tokens(self):
+    return self._queued
+
+  def num_running(self):
+    return len(self.running)
+
+  def prefix_credit(self, names, salt):
+    return self._cached
+
+
+class TestSloHeadroom:
+  """Prompt 100 tokens, 11 new (the transfer spreads over 10), SLOs TTFT 1 s, TPOT 0.1 s, a
+  token budget of 16; the prefill pick prefills 200 tok/s; the decode pick steps in 50 ms
+  with 2 running and lands a page in 10 ms (25 pages: 0.25 s)."""
+
+  SLO = dict(slo_ttft_s=1.0, slo_tpot_s=0.1, token_budget=16)
+
+  def _choose(self, pw, dw):
+    policy = policy_lib.PATHS["slo_headroom"](**self.SLO)
+    return policy.choose(_req(0, 100, 11), [pw], [dw], (pw, dw))
+
+  def _decode(self, **kw):
+    return _Signals("decode-0", running=2, decode_step_s=0.05, transfer_s_per_page=0.01, **kw)
+
+  def test_local_wins_when_the_prefill_queue_eats_the_ttft(self):
+    # remote: TTFT (100 queued + 100) / 200 = 1.0 -> (0.9 - 1.0) / 1 = -0.1; TPOT 0.05 +
+    # 0.25 / 10 = 0.075 -> 0.15. local: TTFT 100 / 200 (borrowed) + 7 steps x 0.05 = 0.85 ->
+    # 0.05; TPOT 0.05 -> 0.4. Headrooms -0.1 vs 0.05: local.
+    choice = self._choose(_Signals("prefill-0", queued=100, prefill_tok_s=200.0), self._decode())
+    assert choice == PathChoice("colocated", "decode")
+    assert choice.reason == {
+        "policy": "slo_headroom", "choice": "colocated", "why": "larger headroom",
+        "prefill_instance": "prefill-0", "decode_instance": "decode-0",
+        "remote": {"ttft_s": 1.0, "tpot_s": 0.075, "cost_s": 0.75, "headroom": -0.1},
+        "local": {"ttft_s": 0.85, "tpot_s": 0.05, "cost_s": 1.5, "headroom": 0.05}}
+
+  def test_remote_wins_with_an_idle_prefill_instance(self):
+    # remote: TTFT 0.5 -> 0.4, TPOT 0.075 -> 0.15: 0.15 > local's 0.05
+    choice = self._choose(_Signals("prefill-0", prefill_tok_s=200.0), self._decode())
+    assert choice == PathChoice("disaggregated", "prefill")
+    assert choice.reason["remote"]["headroom"] == 0.15 and choice.reason["why"] == (
+        "larger headroom")
+
+  def test_neither_meets_the_slo_the_cheaper_is_taken(self):
+    # local: 300 more queued on decode-0: (400 / 200) + 25 x 0.05 = 3.25 -> -2.35; remote -0.1:
+    # both negative; cost remote 100 / 200 + 0.25 = 0.75 < local 0.5 x (1 + 2) = 1.5
+    choice = self._choose(_Signals("prefill-0", queued=100, prefill_tok_s=200.0),
+                          self._decode(queued=300))
+    assert choice == PathChoice("disaggregated", "prefill")
+    assert choice.reason["why"] == "neither meets the SLOs: cheaper"
+    assert choice.reason["local"] == {"ttft_s": 3.25, "tpot_s": 0.05, "cost_s": 1.5,
+                                      "headroom": -2.35}
+
+  def test_a_cached_prefix_on_the_decode_pick_shortens_local_and_the_transfer(self):
+    # 20 of 25 pages cached on decode-0: local computes 20 tokens (0.1 s + 2 steps x 0.05 =
+    # 0.2 -> 0.7 headroom on TTFT; TPOT 0.05 -> 0.4), the transfer moves 5 pages (0.05 s)
+    choice = self._choose(_Signals("prefill-0", prefill_tok_s=200.0),
+                          self._decode(cached_pages=20))
+    assert choice.reason["local"] == {"ttft_s": 0.2, "tpot_s": 0.05, "cost_s": 0.3,
+                                      "headroom": 0.4}
+    assert choice.reason["remote"]["tpot_s"] == 0.055 and choice.path == "colocated"
+
+  def test_unmeasured_rates_go_disaggregated(self):
+    choice = self._choose(_Signals("prefill-0"), _Signals("decode-0"))
+    assert choice == PathChoice("disaggregated", "prefill")
+    assert choice.reason["why"] == "unmeasured: remote, local"
+    assert choice.reason["remote"] is None and choice.reason["local"] is None
+
+  def test_the_predictors_are_the_admissions(self):
+    """predicted_slo and slo_headroom read one latency model: the same TTFT for the same
+    worker and tokens."""
+    from pdjax.scheduler.policies import latency_model, predicted_slo, slo_headroom
+    assert predicted_slo.predicted_ttft_s is latency_model.predicted_ttft_s
+    assert slo_headroom.predict_remote is latency_model.predict_remote
+    pw = _Signals("prefill-0", queued=100, prefill_tok_s=200.0)
+    assert latency_model.predicted_ttft_s(pw, 100) == self._choose(
+        pw, self._decode()).reason["remote"]["ttft_s"]
+
+
 class TestAdmission:
 
   def test_queue_bound_rejects_exactly_past_the_bound(self):

@@ -15,6 +15,7 @@ from pdjax.scheduler.policies.always_disagg import AlwaysDisagg
 from pdjax.scheduler.policies.base import (AdmissionPolicy, PathChoice, PathPolicy,
                                            RoleSwitchPolicy, Router, StepPlan, StepPolicy)
 from pdjax.scheduler.policies.chunked_prefill import ChunkedPrefill
+from pdjax.scheduler.policies.isl_bounding import IslBounding
 from pdjax.scheduler.policies.kv_aware import KvAware
 from pdjax.scheduler.policies.kv_aware_prefix import KvAwarePrefix
 from pdjax.scheduler.policies.least_loaded import LeastLoaded
@@ -31,12 +32,14 @@ from pdjax.scheduler.policies.queue_balance import QueueBalance
 from pdjax.scheduler.policies.random_router import RandomRouter
 from pdjax.scheduler.policies.round_robin import RoundRobin
 from pdjax.scheduler.policies.session_sticky import SessionSticky
+from pdjax.scheduler.policies.slo_headroom import SloHeadroom
 
 ROUTERS = {"round_robin": RoundRobin, "random": RandomRouter, "least_loaded": LeastLoaded,
            "power_of_two": PowerOfTwo, "kv_aware": KvAware, "kv_aware_prefix": KvAwarePrefix,
            "session_sticky": SessionSticky}
 PATHS = {"always_disagg": AlwaysDisagg, "always_colocated": AlwaysColocated,
-         "length_hybrid": LengthHybrid, "load_hybrid": LoadHybrid, "prefix_hybrid": PrefixHybrid}
+         "length_hybrid": LengthHybrid, "load_hybrid": LoadHybrid, "prefix_hybrid": PrefixHybrid,
+         "isl_bounding": IslBounding, "slo_headroom": SloHeadroom}
 ADMISSIONS = {"none": NoAdmission, "queue_bound": QueueBound, "predicted_slo": PredictedSlo}
 COLOCATED = {"prefill_first": PrefillFirst, "chunked_prefill": ChunkedPrefill}
 ROLE_SWITCH = {"none": NoRoleSwitch, "queue_balance": QueueBalance}
@@ -62,8 +65,8 @@ def unknown_policy(key: str, name: str) -> str | None:
 
 def build(names: dict, params: dict, seed: int = 0) -> Policies:
   """names: {"prefill_router": ..., ...}; params: keyword arguments every policy may use
-  (token_budget, chunk_budget, max_prefill_seqs, length_threshold, saturation, max_queue,
-  slo_ttft_s, slo_tpot_s, interval_s, queued_tokens); each takes what it needs."""
+  (token_budget, chunk_budget, max_prefill_seqs, length_threshold, isl_ratio, saturation,
+  max_queue, slo_ttft_s, slo_tpot_s, interval_s, queued_tokens); each takes what it needs."""
   for key, name in names.items():
     error = unknown_policy(key, name)
     if error:

@@ -25,12 +25,23 @@ class Router:
 class PathChoice:
   path: str          # "disaggregated" | "colocated"
   tier: str          # the tier whose instance serves it first: "prefill" | "decode" | "colocated"
+  reason: dict | None = dataclasses.field(default=None, compare=False)
+                     # why (Request.path_reason: the policy adds what it weighed; None: the
+                     # driver records the policy's name and the choice)
 
 
 class PathPolicy:
-  """Disaggregated mode only: which path a request takes."""
+  """Disaggregated mode only: which path a request takes.
 
-  def choose(self, req: Request, prefill_tier: list, decode_tier: list) -> PathChoice:
+  A policy with `uses_picks` decides for the instances the routers would use: the driver first
+  asks the prefill and decode routers for their picks and passes them (`picks`: (prefill
+  worker or None, decode worker or None)); the request then goes to the pick of the chosen
+  tier."""
+
+  uses_picks = False
+
+  def choose(self, req: Request, prefill_tier: list, decode_tier: list,
+             picks: tuple | None = None) -> PathChoice:
     raise NotImplementedError
 
 

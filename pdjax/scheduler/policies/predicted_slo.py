@@ -6,9 +6,11 @@ TTFT is predicted from the target instance's measured drain rate: (queued prompt
 (which counts the decode steps and stalls between its prefill steps; before a backlog has
 been seen, its per-step prefill throughput). TPOT from the decode tier's measured step time
 (the least busy instance's). Until an instance has been measured, nothing is rejected for it.
+The predictors are `latency_model`'s, the same the slo_headroom path policy uses.
 """
 
 from pdjax.scheduler.policies.base import AdmissionPolicy
+from pdjax.scheduler.policies.latency_model import predicted_step_s, predicted_ttft_s
 
 
 class PredictedSlo(AdmissionPolicy):
@@ -21,14 +23,10 @@ class PredictedSlo(AdmissionPolicy):
     self.limit = "slo.{}" if headroom == 1.0 else f"{headroom:g} x slo.{{}}"
 
   def check(self, req, worker, path, decode_tier):
-    rate = worker.prefill_drain_tok_s or worker.prefill_tok_s
-    if rate:
-      ttft = (worker.queued_tokens() + req.prompt_len) / rate
-      if ttft > self.ttft:
-        return f"predicted TTFT {ttft:.2f} s > {self.limit.format('ttft_s')} {self.ttft:.2f} s"
-    tier = decode_tier if path.path == "disaggregated" else [worker]
-    step_times = [w.decode_step_s for w in tier if w.decode_step_s]
-    if step_times and min(step_times) > self.tpot:
-      return (f"predicted TPOT {min(step_times):.3f} s > {self.limit.format('tpot_s')} "
-              f"{self.tpot:.3f} s")
+    ttft = predicted_ttft_s(worker, req.prompt_len)
+    if ttft is not None and ttft > self.ttft:
+      return f"predicted TTFT {ttft:.2f} s > {self.limit.format('ttft_s')} {self.ttft:.2f} s"
+    step = predicted_step_s(decode_tier if path.path == "disaggregated" else [worker])
+    if step is not None and step > self.tpot:
+      return f"predicted TPOT {step:.3f} s > {self.limit.format('tpot_s')} {self.tpot:.3f} s"
     return None

@@ -1,0 +1,122 @@
+"""Latency predictions from a run's live state: one copy, shared by `predicted_slo` admission
+and the `slo_headroom` path policy. Pure Python.
+
+Everything here reads the workers' measured signals (`InstanceQueue`: EWMAs of the prefill
+rate per second of prefill step, of the drain rate per second of wall time while requests
+waited, of the decode step time and of the KV transfer time per page landed there) and their
+prefix caches; a prediction whose inputs are not measured yet is None.
+
+  TTFT on a worker  = (prompt tokens queued there + this request's uncached tokens) / its
+                      prefill rate (the drain rate once a backlog was seen: it counts the decode
+                      steps and stalls between prefill steps)
+  TPOT on a worker  = its decode step time (+, after a remote prefill, the KV transfer spread
+                      over the output: pdjax's TTFT is the prefill's token, so the transfer
+                      delays the second token)
+  transfer          = pages that travel (those the decode worker does not cache) x the
+                      decode worker's measured seconds per page
+
+A decode worker that never prefilled has no prefill rate of its own: the prefill tier's
+per-step rate, scaled by the TP ratio, stands in for it, plus one decode step per prefill
+step (a local prefill's chunks carry the running batch's decode rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from pdjax.kv.prefix_cache import prefix_names, salt_for
+
+
+def uncached_tokens(worker, req, shared_salt: str = "") -> int:
+  """The prompt tokens req would still compute on worker: all but the longest prefix its
+  prefix cache holds (host-tier pages weighted as in `InstanceQueue.prefix_credit`); at least
+  one (the last token is always computed)."""
+  tokens = req.prefill_tokens
+  if not tokens:
+    return 0
+  page_size = worker.tables.page_size
+  salt = salt_for(req.tenant, shared_salt, req.cache_salt)
+  cached = int(worker.prefix_credit(prefix_names(salt, tokens, page_size), salt) * page_size)
+  return max(len(tokens) - cached, 1)
+
+
+def prefill_rate(worker) -> float | None:
+  """Prompt tokens per second the worker drains (None until measured)."""
+  return worker.prefill_drain_tok_s or worker.prefill_tok_s
+
+
+def predicted_ttft_s(worker, tokens: int) -> float | None:
+  """Seconds until worker has prefilled what is queued there and `tokens` more."""
+  rate = prefill_rate(worker)
+  return None if not rate else (worker.queued_tokens() + tokens) / rate
+
+
+def predicted_step_s(tier: list) -> float | None:
+  """The least busy measured decode step time of the tier (None until one was measured)."""
+  times = [w.decode_step_s for w in tier if w.decode_step_s]
+  return min(times) if times else None
+
+
+def predicted_transfer_s(dst, req, shared_salt: str = "") -> float | None:
+  """The KV transfer of req's prompt into dst: the pages dst does not cache, at dst's measured
+  seconds per page (None until a transfer landed there)."""
+  if not dst.transfer_s_per_page:
+    return None
+  pages = -(-uncached_tokens(dst, req, shared_salt) // dst.tables.page_size)
+  return pages * dst.transfer_s_per_page
+
+
+@dataclasses.dataclass(frozen=True)
+class PathPrediction:
+  """One candidate path's prediction for a request (seconds), and its headroom against the
+  SLOs: min over TTFT and TPOT of (margin x SLO - predicted) / SLO."""
+  ttft_s: float
+  tpot_s: float
+  cost_s: float        # device seconds it takes from the instances (the cheaper path's test)
+  headroom: float
+
+  def to_json(self) -> dict:
+    return {"ttft_s": round(self.ttft_s, 6), "tpot_s": round(self.tpot_s, 6),
+            "cost_s": round(self.cost_s, 6), "headroom": round(self.headroom, 4)}
+
+
+def headroom(ttft_s: float, tpot_s: float, slo_ttft_s: float, slo_tpot_s: float,
+             margin: float = 0.9) -> float:
+  return min((margin * slo_ttft_s - ttft_s) / slo_ttft_s,
+             (margin * slo_tpot_s - tpot_s) / slo_tpot_s)
+
+
+def predict_remote(req, pw, dw, slo: tuple[float, float],
+                   shared_salt: str = "") -> PathPrediction | None:
+  """Prefill on pw, KV to dw, decode there. None while pw's prefill rate or dw's decode step
+  is unmeasured (an unmeasured transfer counts 0 until one lands)."""
+  tokens = uncached_tokens(pw, req, shared_salt)
+  ttft, step = predicted_ttft_s(pw, tokens), dw.decode_step_s
+  if ttft is None or step is None:
+    return None
+  transfer = predicted_transfer_s(dw, req, shared_salt) or 0.0
+  tpot = step + transfer / max(req.sampling.max_new_tokens - 1, 1)
+  cost = tokens / prefill_rate(pw) + transfer
+  return PathPrediction(ttft, tpot, cost, headroom(ttft, tpot, *slo))
+
+
+def predict_local(req, dw, prefill_tier: list, slo: tuple[float, float], token_budget: int,
+                  shared_salt: str = "") -> PathPrediction | None:
+  """Prefill on the decode worker dw, chunked into its batch, and decode there. Without a
+  prefill rate of its own, the prefill tier's per-step rate (scaled by TP) plus a decode step
+  per prefill step stands in. None while nothing gives a rate or dw's decode step."""
+  tokens, step = uncached_tokens(dw, req, shared_salt), dw.decode_step_s
+  if step is None:
+    return None
+  ttft = predicted_ttft_s(dw, tokens)
+  rate = prefill_rate(dw)
+  if ttft is None:
+    borrowed = [w.prefill_tok_s * dw.tp / w.tp for w in prefill_tier if w.prefill_tok_s]
+    if not borrowed:
+      return None
+    rate = max(borrowed)
+    ahead = dw.queued_tokens() + tokens
+    ttft = ahead / rate + (math.ceil(ahead / token_budget) * step if dw.running else 0.0)
+  cost = tokens / rate * (1 + dw.num_running())   # (its prefill stalls the running batch)
+  return PathPrediction(ttft, step, cost, headroom(ttft, step, *slo))
