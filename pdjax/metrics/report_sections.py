@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pdjax.metrics.path_stats import path_section
+
 MAX_SWITCH_ROWS = 50
 
 
@@ -97,6 +99,8 @@ def extra_sections(extras: dict) -> list[str]:
     lines += kv_cache_section(extras["kv_cache"])
   if "faults" in extras:
     lines += faults_section(extras["faults"], extras.get("num_requests"))
+  if "paths" in extras:
+    lines += path_section(extras["paths"])
   return lines
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pdjax.metrics.host_time import host_overhead, host_time
+from pdjax.metrics.path_stats import path_stats
 from pdjax.metrics.timeline import preemption_count, rejects_by_reason, tier_stats
 from pdjax.request import Request, Status
 
@@ -106,7 +107,8 @@ def summarize_extras(requests: Sequence[Request], *, duration_s: float,
   (summary.update(...)) or pass as write_run_files(extras=...): "preemptions" (int),
   "rejects_by_reason" ({reason: count}), "tiers" (timeline.tier_stats), "host_overhead"
   ({tier: share of time its devices waited for the host}) and "host_time" (per-tier host
-  phase times; see pdjax.metrics.host_time) and "role_switches" (the list as given)."""
+  phase times; see pdjax.metrics.host_time), "role_switches" (the list as given) and "paths"
+  (metrics.path_stats: requests by path and reason, the path predictions' error)."""
   return {
       "preemptions": preemption_count(requests),
       "rejects_by_reason": rejects_by_reason(requests),
@@ -114,4 +116,5 @@ def summarize_extras(requests: Sequence[Request], *, duration_s: float,
       "host_overhead": host_overhead(steps),
       "host_time": host_time(steps),
       "role_switches": [dict(sw) for sw in role_switches],
+      "paths": path_stats(requests),
   }

@@ -5,9 +5,9 @@ step's cost. The token sampled after a sequence reaches length n is 100 + n, wha
 (so a prompt of 5 gives 105, 106, 107, ... through prefill, decode or mixed steps alike).
 """
 
-import dataclasses
 
 from pdjax.kv.pages import BlockTables
+from pdjax.kv.transfer_result import TransferResult
 from pdjax.request import Request, SamplingParams
 from pdjax.scheduler.driver import DriverOptions
 from pdjax.scheduler.errors import DeviceError
@@ -56,7 +56,7 @@ def InstanceQueue(instance, role, max_batch=4):
 
 
 def ok_transfer(*_):
-  return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
+  return TransferResult(bytes=1, seconds=0.0)
 
 
 def _req(i, prompt_len, max_new, arrival=0.0, eos=(), session=""):

@@ -162,7 +162,7 @@ def test_summarize_extras():
   ex = summarize_extras(REQS, duration_s=10.0, steps=STEPS, samples=SAMPLES,
                         role_switches=sw)
   assert set(ex) == {"preemptions", "rejects_by_reason", "tiers", "role_switches",
-                     "host_overhead", "host_time"}
+                     "host_overhead", "host_time", "paths"}
   assert ex["preemptions"] == 3 and ex["role_switches"] == sw
   assert ex["tiers"] == tier_stats(STEPS, SAMPLES, 10.0)
 

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from pdjax.kv.transfer_result import TransferResult
 from pdjax.request import Status
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
@@ -47,7 +48,7 @@ def test_disaggregated_moves_pages_then_frees_prefill_side():
   def transfer(src, src_pages, dst, dst_pages):
     moves.append((src.name, list(src_pages), dst.name, list(dst_pages)))
     clock.advance(0.005)
-    return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=4096, seconds=0.005)
+    return TransferResult(bytes=4096, seconds=0.005)
 
   driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")],
                   options=OPTS,
@@ -73,7 +74,7 @@ def test_transfer_failure_fails_only_that_request_and_frees_pages():
     calls.append(1)
     if len(calls) == 1:
       raise DeviceError("link down")
-    return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
+    return TransferResult(bytes=1, seconds=0.0)
 
   opts = dataclasses.replace(OPTS, transfer_failure_policy="fail", transfer_retries=0)
   driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")], options=opts,
@@ -125,7 +126,7 @@ def test_eos_stops_generation():
 def test_kv_pressure_preempts_newest_and_recomputes_it():
   clock = ManualClock()
   p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock, num_pages=4)
-  ok = lambda *a: dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
+  ok = lambda *a: TransferResult(bytes=1, seconds=0.0)
   driver = Driver("disaggregated", [InstanceQueue(p, "prefill"), InstanceQueue(d, "decode")],
                   options=OPTS,
                   clock=clock, transfer_fn=ok)
@@ -156,7 +157,7 @@ def test_a_transfer_in_flight_does_not_hold_the_loop():
   meanwhile: the loop kept stepping while r0's pages were moving."""
   clock = ManualClock()
   p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
-  R = dataclasses.make_dataclass("R", ["bytes", "seconds"])
+  R = TransferResult
 
   class Landing:
     polls = 0
@@ -191,7 +192,7 @@ def test_source_pages_are_freed_only_after_the_landing_is_observed():
   at every poll before that the prefill instance still held exactly the pages being moved."""
   clock = ManualClock()
   p, d = FakeInstance("prefill-0", clock), FakeInstance("decode-0", clock)
-  R = dataclasses.make_dataclass("R", ["bytes", "seconds"])
+  R = TransferResult
   log, in_flight = [], []
   free = p.tables.free
 

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from helpers.fake_engine import OPTS, FakeInstance, FakePending, InstanceQueue, _req
+from pdjax.kv.transfer_result import TransferResult
 from pdjax.request import Status
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
@@ -58,7 +59,7 @@ def _fails_once():
     calls.append(1)
     if len(calls) == 1:
       raise DeviceError("link reset")
-    return dataclasses.make_dataclass("R", ["bytes", "seconds"])(bytes=1, seconds=0.0)
+    return TransferResult(bytes=1, seconds=0.0)
   return transfer
 
 

@@ -208,6 +208,36 @@ class TestSloHeadroom:
     assert choice.reason["why"] == "unmeasured: remote, local"
     assert choice.reason["remote"] is None and choice.reason["local"] is None
 
+  def test_a_cost_model_on_the_instances_predicts_step_by_step(self):
+    """Instances that carry a cost model (simulated ones): prefill steps of at most 16 tokens
+    cost 0.01 + 0.001 per token, a decode step 0.02 + 0.0001 per context token, a page 1,000
+    bytes over a 1 MB/s link. prefill-0 has a 20-token prompt waiting: 20 + 100 tokens are 8
+    steps (7 of 16, one of 8): 0.08 + 0.12 = 0.2 s; decode-0 runs two 50-token contexts."""
+    import types
+
+    class Cost:
+      prefill_s = staticmethod(lambda chunks: 0.01 + 0.001 * sum(q for q, _ in chunks))
+      decode_s = staticmethod(lambda contexts: 0.02 + 0.0001 * sum(contexts))
+      transfer_s = staticmethod(lambda num_bytes: num_bytes / 1e6)
+      moved_pages = staticmethod(lambda pages: pages)
+
+    inst = types.SimpleNamespace(cost=Cost(), kv_bytes=lambda pages: pages * 1000)
+    pw, dw = _Signals("prefill-0"), _Signals("decode-0")
+    pw.instance, dw.instance = inst, inst
+    pw.waiting, dw.waiting = [_req(9, 20, 1)], []
+    dw.running = [_req(7, 49, 2), _req(8, 49, 2)]
+    for r in dw.running:
+      r.output_ids = [5]                                   # contexts 50 each
+    choice = self._choose(pw, dw)
+    # remote: TTFT 0.2; TPOT 0.02 + 0.0001 x 200 = 0.04, + 25 pages' 0.025 s / 10 = 0.0425;
+    # cost 0.01 + 0.1 + 0.025. local: TTFT 7 steps of 16 (0.07 + 0.1) = 0.17 (none waiting
+    # there), TPOT 0.04; cost 0.11 x (1 + 2 running)
+    assert choice.reason["remote"] == {"ttft_s": 0.2, "tpot_s": 0.0425, "cost_s": 0.135,
+                                       "headroom": 0.475}
+    assert choice.reason["local"] == {"ttft_s": 0.17, "tpot_s": 0.04, "cost_s": 0.33,
+                                      "headroom": 0.5}
+    assert choice == PathChoice("colocated", "decode")
+
   def test_the_predictors_are_the_admissions(self):
     """predicted_slo and slo_headroom read one latency model: the same TTFT for the same
     worker and tokens."""

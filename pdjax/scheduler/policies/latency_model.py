@@ -18,6 +18,13 @@ prefix caches; a prediction whose inputs are not measured yet is None.
 A decode worker that never prefilled has no prefill rate of its own: the prefill tier's
 per-step rate, scaled by the TP ratio, stands in for it, plus one decode step per prefill
 step (a local prefill's chunks carry the running batch's decode rows).
+
+Where the worker's instance carries a step cost model (a simulated instance's roofline or
+calibrated cost: `instance.cost`), the slo_headroom candidates are predicted from it instead:
+the prompts waiting there and this one packed FCFS into steps of the token budget, each step's
+seconds from the model (bucket padding included: a lone short prompt costs its bucket, which a
+tokens-per-second rate misses), the decode step from the running batch's contexts plus this
+one, the transfer from the model's link unless one was measured.
 """
 
 from __future__ import annotations
@@ -87,11 +94,52 @@ def headroom(ttft_s: float, tpot_s: float, slo_ttft_s: float, slo_tpot_s: float,
              (margin * slo_tpot_s - tpot_s) / slo_tpot_s)
 
 
-def predict_remote(req, pw, dw, slo: tuple[float, float],
+def step_cost(worker):
+  """The worker's step cost model (sim/roofline.py, sim/calibrated.py) when its instance has
+  one, else None."""
+  return getattr(getattr(worker, "instance", None), "cost", None)
+
+
+def modelled_prefill_s(cost, worker, tokens: int, token_budget: int) -> float:
+  """Seconds for worker to prefill what waits there and then `tokens`, FCFS in steps of at
+  most token_budget tokens, each step's time from the cost model."""
+  total, step, used = 0.0, [], 0
+  for n in [r.prefill_len - r.num_computed_tokens for r in worker.waiting] + [tokens]:
+    while n > 0:
+      take = min(n, token_budget - used)
+      step.append((take, 0))
+      used, n = used + take, n - take
+      if used == token_budget:
+        total += cost.prefill_s(step)
+        step, used = [], 0
+  return total + (cost.prefill_s(step) if step else 0.0)
+
+
+def modelled_step_s(cost, dw, req) -> float:
+  """dw's decode step with req joining its running batch, from the cost model."""
+  return cost.decode_s([r.prompt_len + len(r.output_ids) for r in dw.running] + [req.prompt_len])
+
+
+def modelled_transfer_s(cost, dst, req, shared_salt: str = "") -> float:
+  pages = -(-uncached_tokens(dst, req, shared_salt) // dst.tables.page_size)
+  if dst.transfer_s_per_page:
+    return pages * dst.transfer_s_per_page
+  return cost.transfer_s(dst.instance.kv_bytes(cost.moved_pages(pages)))
+
+
+def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int = 512,
                    shared_salt: str = "") -> PathPrediction | None:
   """Prefill on pw, KV to dw, decode there. None while pw's prefill rate or dw's decode step
-  is unmeasured (an unmeasured transfer counts 0 until one lands)."""
+  is unmeasured (an unmeasured transfer counts 0 until one lands), unless the instances carry
+  a cost model."""
   tokens = uncached_tokens(pw, req, shared_salt)
+  pcost, dcost = step_cost(pw), step_cost(dw)
+  if pcost is not None and dcost is not None:
+    ttft = modelled_prefill_s(pcost, pw, tokens, token_budget)
+    transfer = modelled_transfer_s(dcost, dw, req, shared_salt)
+    tpot = modelled_step_s(dcost, dw, req) + transfer / max(req.sampling.max_new_tokens - 1, 1)
+    cost = pcost.prefill_s([(tokens, 0)]) + transfer
+    return PathPrediction(ttft, tpot, cost, headroom(ttft, tpot, *slo))
   ttft, step = predicted_ttft_s(pw, tokens), dw.decode_step_s
   if ttft is None or step is None:
     return None
@@ -107,6 +155,11 @@ def predict_local(req, dw, prefill_tier: list, slo: tuple[float, float], token_b
   prefill rate of its own, the prefill tier's per-step rate (scaled by TP) plus a decode step
   per prefill step stands in. None while nothing gives a rate or dw's decode step."""
   tokens, step = uncached_tokens(dw, req, shared_salt), dw.decode_step_s
+  cost = step_cost(dw)
+  if cost is not None:
+    ttft, tpot = modelled_prefill_s(cost, dw, tokens, token_budget), modelled_step_s(cost, dw, req)
+    device_s = cost.prefill_s([(tokens, 0)]) * (1 + dw.num_running())
+    return PathPrediction(ttft, tpot, device_s, headroom(ttft, tpot, *slo))
   if step is None:
     return None
   ttft = predicted_ttft_s(dw, tokens)

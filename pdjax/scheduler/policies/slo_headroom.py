@@ -34,7 +34,7 @@ class SloHeadroom(PathPolicy):
       reason = {"policy": "slo_headroom", "why": "no instance to pick in a tier"}
       choice = LOCAL if pw is None and dw is not None else DISAGG
       return PathChoice(choice.path, choice.tier, dict(reason, choice=choice.path))
-    remote = predict_remote(req, pw, dw, self.slo, self.shared_salt)
+    remote = predict_remote(req, pw, dw, self.slo, self.budget, self.shared_salt)
     local = predict_local(req, dw, prefill_tier, self.slo, self.budget, self.shared_salt)
     if remote is None or local is None:
       choice, why = DISAGG, "unmeasured: " + ", ".join(
