@@ -175,10 +175,10 @@ def test_isl_bounding_decides_on_the_decode_picks_cached_prefix():
       "disaggregated", "colocated", "decode-0")
   assert first.path_reason == {"policy": "isl_bounding", "choice": "disaggregated",
                                "decode_instance": "decode-0", "eff_isl": 70, "prompt": 70,
-                               "why": "eff_isl 70 >= 40 and >= 0.7 x prompt 70"}
+                               "why": "eff_isl >= length_threshold and >= isl_ratio x prompt"}
   assert second.path_reason == {"policy": "isl_bounding", "choice": "colocated",
                                 "decode_instance": "decode-0", "eff_isl": 26, "prompt": 90,
-                                "why": "eff_isl 26 < 40 and < 0.7 x prompt 90"}
+                                "why": "eff_isl < length_threshold and < isl_ratio x prompt"}
   assert second.cached_tokens == 64 and len(result.transfers) == 1
 
 

@@ -139,6 +139,7 @@ class _Signals:
     self.prefill_tok_s, self.prefill_drain_tok_s = prefill_tok_s, None
     self.decode_step_s, self.transfer_s_per_page = decode_step_s, transfer_s_per_page
     self.tables = types.SimpleNamespace(page_size=4)
+    self.in_flight = []
 
   def queued_tokens(self):
     return self._queued
@@ -148,6 +149,9 @@ class _Signals:
 
   def prefix_credit(self, names, salt):
     return self._cached
+
+  def steps_in_flight(self):
+    return self.in_flight
 
 
 class TestSloHeadroom:
@@ -212,7 +216,8 @@ class TestSloHeadroom:
     """Instances that carry a cost model (simulated ones): prefill steps of at most 16 tokens
     cost 0.01 + 0.001 per token, a decode step 0.02 + 0.0001 per context token, a page 1,000
     bytes over a 1 MB/s link. prefill-0 has a 20-token prompt waiting: 20 + 100 tokens are 8
-    steps (7 of 16, one of 8): 0.08 + 0.12 = 0.2 s; decode-0 runs two 50-token contexts."""
+    steps (7 of 16, one of 8): 0.08 + 0.12 = 0.2 s; decode-0 runs two 50-token contexts and
+    has a step in flight until 0.03 s (the request arrives at 0)."""
     import types
 
     class Cost:
@@ -225,16 +230,17 @@ class TestSloHeadroom:
     pw, dw = _Signals("prefill-0"), _Signals("decode-0")
     pw.instance, dw.instance = inst, inst
     pw.waiting, dw.waiting = [_req(9, 20, 1)], []
+    dw.in_flight = [types.SimpleNamespace(pending=types.SimpleNamespace(end_s=0.03))]
     dw.running = [_req(7, 49, 2), _req(8, 49, 2)]
     for r in dw.running:
       r.output_ids = [5]                                   # contexts 50 each
     choice = self._choose(pw, dw)
     # remote: TTFT 0.2; TPOT 0.02 + 0.0001 x 200 = 0.04, + 25 pages' 0.025 s / 10 = 0.0425;
-    # cost 0.01 + 0.1 + 0.025. local: TTFT 7 steps of 16 (0.07 + 0.1) = 0.17 (none waiting
-    # there), TPOT 0.04; cost 0.11 x (1 + 2 running)
+    # cost 0.01 + 0.1 + 0.025. local: TTFT 0.03 in flight + 7 steps of 16 (0.07 + 0.1) = 0.2
+    # (none waiting there), TPOT 0.04; cost 0.11 x (1 + 2 running)
     assert choice.reason["remote"] == {"ttft_s": 0.2, "tpot_s": 0.0425, "cost_s": 0.135,
                                        "headroom": 0.475}
-    assert choice.reason["local"] == {"ttft_s": 0.17, "tpot_s": 0.04, "cost_s": 0.33,
+    assert choice.reason["local"] == {"ttft_s": 0.2, "tpot_s": 0.04, "cost_s": 0.33,
                                       "headroom": 0.5}
     assert choice == PathChoice("colocated", "decode")
 

@@ -25,10 +25,10 @@ class IslBounding(PathPolicy):
       return PathChoice(DISAGG.path, DISAGG.tier, {
           "policy": "isl_bounding", "choice": DISAGG.path, "why": "no decode instance to pick"})
     eff = uncached_tokens(dw, req, self.shared_salt)
-    local = eff < self.threshold and eff < self.ratio * prompt
-    choice = PathChoice("colocated", "decode") if local else DISAGG
-    why = (f"eff_isl {eff} {'<' if eff < self.threshold else '>='} {self.threshold} and "
-           f"{'<' if eff < self.ratio * prompt else '>='} {self.ratio:g} x prompt {prompt}")
+    short, cached = eff < self.threshold, eff < self.ratio * prompt
+    choice = PathChoice("colocated", "decode") if short and cached else DISAGG
+    why = (f"eff_isl {'<' if short else '>='} length_threshold and "
+           f"{'<' if cached else '>='} isl_ratio x prompt")   # (a category: the report counts)
     return PathChoice(choice.path, choice.tier, {
         "policy": "isl_bounding", "choice": choice.path, "decode_instance": dw.name,
         "eff_isl": eff, "prompt": prompt, "why": why})

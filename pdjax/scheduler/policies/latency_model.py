@@ -21,8 +21,9 @@ step (a local prefill's chunks carry the running batch's decode rows).
 
 Where the worker's instance carries a step cost model (a simulated instance's roofline or
 calibrated cost: `instance.cost`), the slo_headroom candidates are predicted from it instead:
-the prompts waiting there and this one packed FCFS into steps of the token budget, each step's
-seconds from the model (bucket padding included: a lone short prompt costs its bucket, which a
+the steps in flight there finishing (their end is known on the virtual clock; the request
+arrives now, at its arrival time), then the prompts waiting there and this one packed FCFS into
+steps of the token budget, each step's seconds from the model (bucket padding included: a lone short prompt costs its bucket, which a
 tokens-per-second rate misses), the decode step from the running batch's contexts plus this
 one, the transfer from the model's link unless one was measured.
 """
@@ -100,10 +101,13 @@ def step_cost(worker):
   return getattr(getattr(worker, "instance", None), "cost", None)
 
 
-def modelled_prefill_s(cost, worker, tokens: int, token_budget: int) -> float:
-  """Seconds for worker to prefill what waits there and then `tokens`, FCFS in steps of at
-  most token_budget tokens, each step's time from the cost model."""
-  total, step, used = 0.0, [], 0
+def modelled_prefill_s(cost, worker, tokens: int, token_budget: int, now: float) -> float:
+  """Seconds from `now` for worker to finish its steps in flight (a simulated step's end is
+  known), then prefill what waits there and `tokens`, FCFS in steps of at most token_budget
+  tokens, each step's time from the cost model."""
+  ends = [getattr(s.pending, "end_s", None) for s in worker.steps_in_flight()]
+  total = max([e - now for e in ends if e is not None] + [0.0])
+  step, used = [], 0
   for n in [r.prefill_len - r.num_computed_tokens for r in worker.waiting] + [tokens]:
     while n > 0:
       take = min(n, token_budget - used)
@@ -135,7 +139,7 @@ def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int = 51
   tokens = uncached_tokens(pw, req, shared_salt)
   pcost, dcost = step_cost(pw), step_cost(dw)
   if pcost is not None and dcost is not None:
-    ttft = modelled_prefill_s(pcost, pw, tokens, token_budget)
+    ttft = modelled_prefill_s(pcost, pw, tokens, token_budget, req.arrival_s)
     transfer = modelled_transfer_s(dcost, dw, req, shared_salt)
     tpot = modelled_step_s(dcost, dw, req) + transfer / max(req.sampling.max_new_tokens - 1, 1)
     cost = pcost.prefill_s([(tokens, 0)]) + transfer
@@ -157,7 +161,8 @@ def predict_local(req, dw, prefill_tier: list, slo: tuple[float, float], token_b
   tokens, step = uncached_tokens(dw, req, shared_salt), dw.decode_step_s
   cost = step_cost(dw)
   if cost is not None:
-    ttft, tpot = modelled_prefill_s(cost, dw, tokens, token_budget), modelled_step_s(cost, dw, req)
+    ttft = modelled_prefill_s(cost, dw, tokens, token_budget, req.arrival_s)
+    tpot = modelled_step_s(cost, dw, req)
     device_s = cost.prefill_s([(tokens, 0)]) * (1 + dw.num_running())
     return PathPrediction(ttft, tpot, device_s, headroom(ttft, tpot, *slo))
   if step is None:
