@@ -196,14 +196,27 @@ def sim_profile(cfg, mcfg: LlamaConfig) -> dict | None:
   against the run's model, dtype and TP degrees; None for the roofline model."""
   if cfg.backend != "sim" or cfg.sim.cost_model != "calibrated":
     return None
+  return _checked_profile(cfg, mcfg, cfg.sim.profile or DEFAULT_PROFILE, "sim.profile")
+
+
+def latency_profile(cfg, mcfg: LlamaConfig) -> dict | None:
+  """The calibrated profile the real engine's path predictions use (scheduler.latency_profile:
+  slo_headroom's step costs instead of measured rates), checked as sim_profile's; None when
+  unset or on the simulator (whose instances carry their own cost model)."""
+  path = cfg.scheduler.get("latency_profile", "")
+  if cfg.backend != "jax" or not path:
+    return None
+  return _checked_profile(cfg, mcfg, path, "scheduler.latency_profile")
+
+
+def _checked_profile(cfg, mcfg: LlamaConfig, path: str, key: str) -> dict:
   import dataclasses
   from pdjax.sim import calibrated
-  path = cfg.sim.profile or DEFAULT_PROFILE
   try:
-    profile = calibrated.load_profile(path)
+    profile = calibrated.load_profile(path, key)
     used = {tp for run in modes(cfg) for _, _, tp in tiers(cfg)[RUNS[run]]}
     calibrated.check_profile(profile, path, model=dataclasses.asdict(mcfg),
-                             dtype=cfg.model.dtype, tps=used)
+                             dtype=cfg.model.dtype, tps=used, key=key)
   except calibrated.ProfileError as e:
     raise ConfigError(str(e)) from None
   return profile
@@ -267,6 +280,7 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
 
   if cfg.backend == "sim" and cfg.sim.cost_model == "calibrated":
     sim_profile(cfg, mcfg)
+  latency_profile(cfg, mcfg)
   kv = cfg.kv
   _require(kv.page_size >= 1, "kv.page_size", kv.page_size, "must be >= 1")
   _require(kv.max_model_len >= 1, "kv.max_model_len", kv.max_model_len, "must be >= 1")

@@ -99,6 +99,9 @@ def get_config(arg=None):
                                                 #   (uncached part)
   c.scheduler.isl_ratio = 0.7                   # isl_bounding: local also needs the uncached
                                                 #   part under this share of the prompt
+  c.scheduler.latency_profile = ""              # slo_headroom on the real engine: predict step
+                                                #   costs from this calibrated profile ("" =
+                                                #   measured rates)
   c.scheduler.saturation = 0.9                  # load_hybrid: decode tier "full" at this share
   c.scheduler.admission_headroom = 1.0           # predicted_slo: admit within this x the SLO
   c.scheduler.max_queue = 32                    # queue_bound: waiting requests per instance

@@ -83,6 +83,11 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
                                 roles_may_change=cfg.scheduler.role_switch != "none",
                                 opts_by_role=options_lib.tier_options(cfg, opts),
                                 progress=progress)
+  profile = config_lib.latency_profile(cfg, mcfg)
+  if profile is not None:   # slo_headroom predicts from it (scheduler/policies/latency_model.py)
+    from pdjax.sim.calibrated import cost_from_profile
+    for inst in instances:
+      inst.cost = cost_from_profile(profile, inst.tp, inst.opts)
   if cfg.kv.prefix_cache:
     for inst in instances:
       inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)

@@ -254,30 +254,31 @@ def save_profile(path: str, profile: dict) -> None:
     f.write("\n")
 
 
-def load_profile(path: str) -> dict:
+def load_profile(path: str, key: str = "sim.profile") -> dict:
   try:
     with open(path) as f:
       profile = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
-    raise ProfileError(f"sim.profile={path!r} cannot be read: {e}") from None
+    raise ProfileError(f"{key}={path!r} cannot be read: {e}") from None
   if profile.get("format") in OLD_FORMATS:
-    raise ProfileError(f"sim.profile={path!r} has no host time ({profile['format']}, made "
+    raise ProfileError(f"{key}={path!r} has no host time ({profile['format']}, made "
                        f"before pdjax measured it); re-run python -m pdjax.calibrate")
   if profile.get("format") != FORMAT:
-    raise ProfileError(f"sim.profile={path!r} is not a {FORMAT} profile")
+    raise ProfileError(f"{key}={path!r} is not a {FORMAT} profile")
   return profile
 
 
-def check_profile(profile: dict, path: str, *, model: dict, dtype: str, tps) -> None:
+def check_profile(profile: dict, path: str, *, model: dict, dtype: str, tps,
+                  key: str = "sim.profile") -> None:
   """The profile must describe this model (dataclasses.asdict of its LlamaConfig), dtype and
   every TP degree the run uses."""
   if profile["model"] != json.loads(json.dumps(model)) or profile["dtype"] != dtype:
-    raise ProfileError(f"sim.profile={path!r} was calibrated for another model or dtype "
+    raise ProfileError(f"{key}={path!r} was calibrated for another model or dtype "
                        f"({profile.get('model_name', '?')}, {profile['dtype']}); "
                        f"run python -m pdjax.calibrate for this one")
   missing = sorted({int(tp) for tp in tps} - {int(tp) for tp in profile["instances"]})
   if missing:
-    raise ProfileError(f"sim.profile={path!r} has no fit for tp={missing} "
+    raise ProfileError(f"{key}={path!r} has no fit for tp={missing} "
                        f"(it has tp={sorted(int(t) for t in profile['instances'])})")
 
 

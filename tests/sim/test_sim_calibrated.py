@@ -241,6 +241,31 @@ def test_shipped_profile_serves_the_default_config():
   assert str(e.value).endswith("has no fit for tp=[4] (it has tp=[2])")
 
 
+def test_a_latency_profile_gives_the_engines_instances_a_cost_model(tmp_path):
+  """scheduler.latency_profile (the jax backend's slo_headroom predictions): checked as
+  sim.profile is, errors naming its own key; the run's instances carry its cost model."""
+  from pdjax.runner import build
+  cfg = config_lib.load_config_module("configs/default.py").get_config()
+  mcfg = config_lib.validate(cfg)
+  assert config_lib.latency_profile(cfg, mcfg) is None                 # unset: measured rates
+  cfg.scheduler.latency_profile = config_lib.DEFAULT_PROFILE
+  assert config_lib.latency_profile(cfg, mcfg)["dtype"] == "float32"
+  cfg.backend = "sim"
+  assert config_lib.latency_profile(cfg, mcfg) is None                 # the sim has its own
+  cfg.backend, cfg.cluster.decode.tp = "jax", 4
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg)
+  assert str(e.value) == (f"scheduler.latency_profile={config_lib.DEFAULT_PROFILE!r} has no "
+                          "fit for tp=[4] (it has tp=[2])")
+  cfg.cluster.decode.tp = 2
+  cfg.cluster.prefill.instances = cfg.cluster.decode.instances = 1
+  from pdjax.engine.cluster import host_params
+  params = host_params(mcfg, checkpoint="", seed=0, dtype="float32")
+  _, instances, _ = build.build_run(cfg, mcfg, "disaggregated", params)
+  assert [type(i.cost).__name__ for i in instances] == ["CalibratedCost"] * 2
+  assert instances[0].cost.prefill_buckets == tuple(cfg.scheduler.prefill_buckets)
+
+
 def _run(args, timeout=600):
   proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
                         timeout=timeout)
