@@ -141,4 +141,5 @@ class Collect:
       w.tables.cache_computed(req.id, req.prompt_len + len(req.output_ids) - 1, now,
                               token_ids=list(req.prompt_ids) + req.output_ids[:-1])
     w.tables.free(req.id, now)
+    w.measure_intervals(req)
     self._finish(req, Status.FINISHED, now)

@@ -85,6 +85,8 @@ class InstanceQueue:
     self._drain_from: float | None = None     # when the current backlog period's clock started
     self.decode_step_s: float | None = None
     self.transfer_s_per_page: float | None = None   # KV transfers landed here, EWMA
+    self.token_interval_s: float | None = None   # between a finished request's tokens after
+                                                 # its second, EWMA (`measure_intervals`)
     self.latest_sample: tuple | None = None   # the driver's latest sample of its state (a row)
     self.chain_safe_until: float | None = None   # its chain cannot preempt before (until
                                                  # touched): scheduler/decode_segments.py
@@ -100,6 +102,15 @@ class InstanceQueue:
   @property
   def tp(self) -> int:
     return getattr(self.instance, "tp", 1)
+
+  def measure_intervals(self, req: Request) -> None:
+    """req finished decoding here: the mean interval between its tokens from its second on
+    (what its decode steps took, stalls for the prefill steps between them included; the
+    first interval, which may hold a KV transfer, left out)."""
+    times = req.token_times
+    if len(times) > 2:
+      self.token_interval_s = _ewma(self.token_interval_s,
+                                    (times[-1] - times[1]) / (len(times) - 2))
 
   def measure_transfer(self, pages: int, seconds: float) -> None:
     """A transfer of `pages` pages landed here after `seconds` (dispatch to landing seen)."""

@@ -244,6 +244,22 @@ class TestSloHeadroom:
                                       "headroom": 0.5}
     assert choice == PathChoice("colocated", "decode")
 
+  def test_finished_requests_token_intervals_stretch_the_predicted_tpot(self):
+    """decode-0's finished requests measured token intervals (from their second token on:
+    (1.3 - 1.0) / 2 = 0.15, then (0.6 - 0.5) / 1 = 0.1: EWMA 0.7 x 0.15 + 0.3 x 0.1 = 0.135)
+    longer than its 50 ms decode step: both candidates' TPOT use the interval."""
+    w = _workers(1, role="decode")[0]
+    for times in ([0.0, 1.0, 1.1, 1.3], [0.0, 0.5, 0.6], [0.0, 0.2]):   # (the last: too short)
+      r = _req(0, 4, 4)
+      r.token_times = times
+      w.measure_intervals(r)
+    assert abs(w.token_interval_s - 0.135) < 1e-12
+    dw = self._decode()
+    dw.token_interval_s = 0.135
+    choice = self._choose(_Signals("prefill-0", prefill_tok_s=200.0), dw)
+    assert choice.reason["local"]["tpot_s"] == 0.135
+    assert choice.reason["remote"]["tpot_s"] == 0.16          # 0.135 + 0.25 s / 10
+
   def test_the_predictors_are_the_admissions(self):
     """predicted_slo and slo_headroom read one latency model: the same TTFT for the same
     worker and tokens."""

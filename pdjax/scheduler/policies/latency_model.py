@@ -9,7 +9,9 @@ prefix caches; a prediction whose inputs are not measured yet is None.
   TTFT on a worker  = (prompt tokens queued there + this request's uncached tokens) / its
                       prefill rate (the drain rate once a backlog was seen: it counts the decode
                       steps and stalls between prefill steps)
-  TPOT on a worker  = its decode step time (+, after a remote prefill, the KV transfer spread
+  TPOT on a worker  = its decode step time, or the token interval its finished requests
+                      measured when longer (prefill steps between decode steps stretch it)
+                      (+, after a remote prefill, the KV transfer spread
                       over the output: pdjax's TTFT is the prefill's token, so the transfer
                       delays the second token)
   transfer          = pages that travel (those the decode worker does not cache) x the
@@ -119,9 +121,18 @@ def modelled_prefill_s(cost, worker, tokens: int, token_budget: int, now: float)
   return total + (cost.prefill_s(step) if step else 0.0)
 
 
+def interval_s(step_s: float, worker) -> float:
+  """A token interval on worker: its decode step, or the interval its finished requests
+  measured when longer (`InstanceQueue.token_interval_s`: prefill steps between decode
+  steps stretch it)."""
+  return max(step_s, getattr(worker, "token_interval_s", None) or 0.0)
+
+
 def modelled_step_s(cost, dw, req) -> float:
-  """dw's decode step with req joining its running batch, from the cost model."""
-  return cost.decode_s([r.prompt_len + len(r.output_ids) for r in dw.running] + [req.prompt_len])
+  """dw's token interval with req joining its running batch: the decode step from the cost
+  model (`interval_s`)."""
+  return interval_s(cost.decode_s([r.prompt_len + len(r.output_ids) for r in dw.running]
+                                  + [req.prompt_len]), dw)
 
 
 def modelled_transfer_s(cost, dst, req, shared_salt: str = "") -> float:
@@ -147,6 +158,7 @@ def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int = 51
   ttft, step = predicted_ttft_s(pw, tokens), dw.decode_step_s
   if ttft is None or step is None:
     return None
+  step = interval_s(step, dw)
   transfer = predicted_transfer_s(dw, req, shared_salt) or 0.0
   tpot = step + transfer / max(req.sampling.max_new_tokens - 1, 1)
   cost = tokens / prefill_rate(pw) + transfer
@@ -159,6 +171,7 @@ def predict_local(req, dw, prefill_tier: list, slo: tuple[float, float], token_b
   prefill rate of its own, the prefill tier's per-step rate (scaled by TP) plus a decode step
   per prefill step stands in. None while nothing gives a rate or dw's decode step."""
   tokens, step = uncached_tokens(dw, req, shared_salt), dw.decode_step_s
+  step = None if step is None else interval_s(step, dw)
   cost = step_cost(dw)
   if cost is not None:
     ttft = modelled_prefill_s(cost, dw, tokens, token_budget, req.arrival_s)
