@@ -241,7 +241,7 @@ def test_shipped_profile_serves_the_default_config():
   assert str(e.value).endswith("has no fit for tp=[4] (it has tp=[2])")
 
 
-def test_a_latency_profile_gives_the_engines_instances_a_cost_model(tmp_path):
+def test_a_latency_profile_gives_the_engines_instances_a_cost_model(monkeypatch):
   """scheduler.latency_profile (the jax backend's slo_headroom predictions): checked as
   sim.profile is, errors naming its own key; the run's instances carry its cost model."""
   from pdjax.runner import build
@@ -258,11 +258,12 @@ def test_a_latency_profile_gives_the_engines_instances_a_cost_model(tmp_path):
   assert str(e.value) == (f"scheduler.latency_profile={config_lib.DEFAULT_PROFILE!r} has no "
                           "fit for tp=[4] (it has tp=[2])")
   cfg.cluster.decode.tp = 2
-  cfg.cluster.prefill.instances = cfg.cluster.decode.instances = 1
-  from pdjax.engine.cluster import host_params
-  params = host_params(mcfg, checkpoint="", seed=0, dtype="float32")
-  _, instances, _ = build.build_run(cfg, mcfg, "disaggregated", params)
-  assert [type(i.cost).__name__ for i in instances] == ["CalibratedCost"] * 2
+  import types
+  fakes = lambda tiers, mcfg, params, opts, **_: [   # (the engine's own build is tested
+      types.SimpleNamespace(tp=tp, opts=opts) for _, n, tp in tiers for _ in range(n)]  # elsewhere)
+  monkeypatch.setattr("pdjax.engine.cluster.build_instances", fakes)
+  _, instances, _ = build.build_run(cfg, mcfg, "disaggregated", None)
+  assert [type(i.cost).__name__ for i in instances] == ["CalibratedCost"] * 4
   assert instances[0].cost.prefill_buckets == tuple(cfg.scheduler.prefill_buckets)
 
 
