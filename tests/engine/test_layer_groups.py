@@ -30,9 +30,9 @@ def _prefill_and_send(cfg, params, src_tp, dst_tp, groups):
   """Prefills PROMPTS on a fresh prefill instance and moves their KV to a fresh decode
   instance: streamed with `groups` layer groups, or after the step (groups 0). Returns (tokens,
   the source pool, the destination pool, the transfers' bytes)."""
-  opts = tiny_engine_options(stream_layers=groups)
+  opts = tiny_engine_options(stream_layers=groups, lazy_compile=True)   # (only the step
   src, dst = build_instances([("prefill", 1, src_tp), ("decode", 1, dst_tp)], cfg, params,
-                             opts)
+                             opts)                                     #  programs used)
   seqs, sends = [], []
   for i, prompt in enumerate(PROMPTS):
     pages = src.tables.allocate(f"r{i}", len(prompt))
