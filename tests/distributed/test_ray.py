@@ -14,9 +14,8 @@ import pytest
 import ray
 
 from conftest import tiny_engine_options
-from helpers.hf_reference import hf_greedy_outputs
+from helpers.ray_fixtures import hf_outputs, ray_cluster  # noqa: F401  (fixtures)
 from pdjax.runner import serve_requests as serving
-from pdjax.distributed.launcher import RayCluster
 from pdjax.engine.cluster import build_instances
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
@@ -77,16 +76,6 @@ def test_cli_ray_run_equals_local_and_stops_its_ray(tmp_path):
   assert _raylets() == 0
 
 
-@pytest.fixture(scope="module")
-def hf_outputs(hf_llama):
-  _, model = hf_llama
-  return hf_greedy_outputs(model, PROMPTS, MAX_NEW)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(compile_cache):
-  with RayCluster(accelerator="cpu", pull_timeout_s=2.0, compile_cache_dir=compile_cache) as c:
-    yield c
 
 
 @pytest.fixture

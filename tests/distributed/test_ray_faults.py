@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from conftest import tiny_engine_options
-from helpers.hf_reference import hf_greedy_outputs
+from helpers.ray_fixtures import hf_outputs  # noqa: F401  (fixtures)
 from pdjax.runner import serve_requests as serving
 from pdjax.distributed import ray_transfer
 from pdjax.distributed.launcher import RayCluster
@@ -113,11 +113,6 @@ def pair(cluster, hf_llama):
   yield instances
   cluster.release(instances)
 
-
-@pytest.fixture(scope="module")
-def hf_outputs(hf_llama):
-  _, model = hf_llama
-  return hf_greedy_outputs(model, PROMPTS, MAX_NEW)
 
 
 def test_a_step_failing_at_dispatch_with_overlap_fails_its_requests_only(cluster, pair,

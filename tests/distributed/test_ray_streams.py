@@ -13,8 +13,8 @@ import pytest
 import ray
 
 from conftest import tiny_engine_options
+from helpers.ray_fixtures import hf_outputs, ray_cluster  # noqa: F401  (fixtures)
 from helpers.hf_reference import hf_greedy_outputs
-from pdjax.distributed.launcher import RayCluster
 from pdjax.distributed.ray_transfer import RemoteStreamedTransfer
 from pdjax.models.llama_config import config_from_hf
 from pdjax.request import Request, SamplingParams, Status
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[1, 5, 9, 14, 27, 3, 88], [1, 100], [1] + list(range(10, 60)), [1, 7, 7, 7, 9],
            [1] + list(range(30, 47))]
 MAX_NEW = [12, 9, 16, 20, 5]
+PULL_TIMEOUT_S = 5.0
 
 
 def _requests(max_new=MAX_NEW):
@@ -33,16 +34,6 @@ def _requests(max_new=MAX_NEW):
           for i, (p, m) in enumerate(zip(PROMPTS, max_new))]
 
 
-@pytest.fixture(scope="module")
-def hf_outputs(hf_llama):
-  _, model = hf_llama
-  return hf_greedy_outputs(model, PROMPTS, MAX_NEW)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(compile_cache):
-  with RayCluster(accelerator="cpu", pull_timeout_s=5.0, compile_cache_dir=compile_cache) as c:
-    yield c
 
 
 def _run(ray_cluster, hf_llama, tiers, groups, requests):
