@@ -147,10 +147,13 @@ class Recovery:
     self._held_since.pop(id(req), None)
     self._retrying.pop(id(req), None)
     self._in_transfer.pop(id(req), None)
+    still = []
     for t in self._pending_transfers:
       if t[0] is req:
         abandon_transfer(t[3])              # (a pull in flight never lands in freed pages)
-    self._pending_transfers = [t for t in self._pending_transfers if t[0] is not req]
+      else:
+        still.append(t)
+    self._pending_transfers = still
 
   # ---- KV transfer failures and leases -----------------------------------------------------
 

@@ -138,6 +138,7 @@ class _Signals:
     self.running = [None] * running
     self.prefill_tok_s, self.prefill_drain_tok_s = prefill_tok_s, None
     self.decode_step_s, self.transfer_s_per_page = decode_step_s, transfer_s_per_page
+    self.token_interval_s = None
     self.tables = types.SimpleNamespace(page_size=4)
     self.in_flight = []
 

@@ -24,10 +24,11 @@ step (a local prefill's chunks carry the running batch's decode rows).
 Where the worker's instance carries a step cost model (a simulated instance's roofline or
 calibrated cost: `instance.cost`), the slo_headroom candidates are predicted from it instead:
 the steps in flight there finishing (their end is known on the virtual clock; the request
-arrives now, at its arrival time), then the prompts waiting there and this one packed FCFS into
-steps of the token budget, each step's seconds from the model (bucket padding included: a lone short prompt costs its bucket, which a
-tokens-per-second rate misses), the decode step from the running batch's contexts plus this
-one, the transfer from the model's link unless one was measured.
+arrives now, at its arrival time), then the prompts waiting there and this one packed FCFS
+into steps of the token budget, each step's seconds from the model (bucket padding included:
+a lone short prompt costs its bucket, which a tokens-per-second rate misses), the decode step
+from the running batch's contexts plus this one, the transfer from the model's link unless
+one was measured.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def interval_s(step_s: float, worker) -> float:
   """A token interval on worker: its decode step, or the interval its finished requests
   measured when longer (`InstanceQueue.token_interval_s`: prefill steps between decode
   steps stretch it)."""
-  return max(step_s, getattr(worker, "token_interval_s", None) or 0.0)
+  return max(step_s, worker.token_interval_s or 0.0)
 
 
 def modelled_step_s(cost, dw, req) -> float:
@@ -136,13 +137,16 @@ def modelled_step_s(cost, dw, req) -> float:
 
 
 def modelled_transfer_s(cost, dst, req, shared_salt: str = "") -> float:
+  """The measured transfer (`predicted_transfer_s`) once one landed on dst, else the cost
+  model's link for the pages that travel."""
+  measured = predicted_transfer_s(dst, req, shared_salt)
+  if measured is not None:
+    return measured
   pages = -(-uncached_tokens(dst, req, shared_salt) // dst.tables.page_size)
-  if dst.transfer_s_per_page:
-    return pages * dst.transfer_s_per_page
   return cost.transfer_s(dst.instance.kv_bytes(cost.moved_pages(pages)))
 
 
-def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int = 512,
+def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int,
                    shared_salt: str = "") -> PathPrediction | None:
   """Prefill on pw, KV to dw, decode there. None while pw's prefill rate or dw's decode step
   is unmeasured (an unmeasured transfer counts 0 until one lands), unless the instances carry
@@ -170,16 +174,15 @@ def predict_local(req, dw, prefill_tier: list, slo: tuple[float, float], token_b
   """Prefill on the decode worker dw, chunked into its batch, and decode there. Without a
   prefill rate of its own, the prefill tier's per-step rate (scaled by TP) plus a decode step
   per prefill step stands in. None while nothing gives a rate or dw's decode step."""
-  tokens, step = uncached_tokens(dw, req, shared_salt), dw.decode_step_s
-  step = None if step is None else interval_s(step, dw)
-  cost = step_cost(dw)
+  tokens, cost = uncached_tokens(dw, req, shared_salt), step_cost(dw)
   if cost is not None:
     ttft = modelled_prefill_s(cost, dw, tokens, token_budget, req.arrival_s)
     tpot = modelled_step_s(cost, dw, req)
     device_s = cost.prefill_s([(tokens, 0)]) * (1 + dw.num_running())
     return PathPrediction(ttft, tpot, device_s, headroom(ttft, tpot, *slo))
-  if step is None:
+  if dw.decode_step_s is None:
     return None
+  step = interval_s(dw.decode_step_s, dw)
   ttft = predicted_ttft_s(dw, tokens)
   rate = prefill_rate(dw)
   if ttft is None:
