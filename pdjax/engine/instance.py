@@ -106,8 +106,9 @@ class Instance:
     self._kv_sh = (self.kv_sharding, self.kv_sharding)
     self._rep = mesh_lib.replicated(self.mesh)
     pool = (cfg.num_layers, cfg.num_kv_heads, opts.num_pages, opts.page_size, cfg.head_dim)
-    self.kv = jax.jit(lambda: (jnp.zeros(pool, self.dtype), jnp.zeros(pool, self.dtype)),
-                      out_shardings=self._kv_sh)()
+    self._empty_pool = jax.jit(lambda: (jnp.zeros(pool, self.dtype),
+                                        jnp.zeros(pool, self.dtype)), out_shardings=self._kv_sh)
+    self.kv = self._empty_pool()
     self.kv_pool_shape = pool
     self.token_rows = opts.token_rows
     # scheduler.overlap "auto" turns overlap on here (see serving.resolve_overlap for CPU)
@@ -122,6 +123,24 @@ class Instance:
     # kv.stream_layers: per (bucket, layer group) prefill programs, per layer group transfer
     # programs (engine/layer_groups.py)
     self._prefill_groups, self._gather_groups, self._scatter_groups = {}, {}, {}
+
+  # ---- re-meshing (engine/remesh.py) -------------------------------------------------------
+
+  def unload(self) -> None:
+    """Frees the parameters and the KV pool on the devices, keeping the compiled programs (a
+    standby instance: `load` brings it back)."""
+    for leaf in jax.tree_util.tree_leaves((self.params, self.kv)):
+      leaf.delete()
+    self.params = self.kv = None
+
+  def load(self, sources: list) -> None:
+    """Parameters resharded from `sources` (stacked trees on the devices: engine/reshard.py)
+    and an empty KV pool and page tables: a standby instance serves again."""
+    from pdjax.engine.reshard import DeviceSource
+    _, self.params = place_params(self.mesh, DeviceSource(sources), self.cfg.num_layers,
+                                  self.param_layout)
+    self.kv = self._empty_pool()
+    self.tables = BlockTables(self.opts.num_pages, self.opts.page_size)
 
   # ---- compilation -------------------------------------------------------------------------
 

@@ -298,6 +298,11 @@ class BlockTables:
   def block_table(self, seq_id: str) -> list[int]:
     return list(self._table(seq_id))
 
+  def tokens_of(self, seq_id: str) -> int:
+    """The tokens seq_id's table holds (its longest allocation or extension)."""
+    self._table(seq_id)
+    return self._held[seq_id][1]
+
   def pages_of(self, seq_id: str) -> list[int]:
     """seq_id's block table itself, not a copy: for a caller that reads it at once and
     keeps nothing (the simulator's hot loop); it changes as the sequence grows."""

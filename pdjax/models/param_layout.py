@@ -38,3 +38,27 @@ def to_layout(params, num_layers: int, layout: str):
         tree[name] = leaves[layer]
     out[f"layers_{layer}"] = tree
   return {"params": out}
+
+
+def to_stacked(params, num_layers: int, layout: str, stack=None):
+  """The inverse of `to_layout`: the stacked tree from one in `layout`. stack: how to stack a
+  list of arrays (numpy's by default; jnp.stack keeps device arrays on their device)."""
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+  if layout == "stacked":
+    return params
+  if stack is None:
+    import numpy as np
+    stack = np.stack
+  p = params["params"]
+  first = p["layers_0"]
+  layers = {}
+  for name, leaves in first.items():
+    if isinstance(leaves, dict):
+      layers[name] = {leaf: stack([p[f"layers_{i}"][name][leaf] for i in range(num_layers)])
+                      for leaf in leaves}
+    else:
+      layers[name] = stack([p[f"layers_{i}"][name] for i in range(num_layers)])
+  out = {name: tree for name, tree in p.items() if not name.startswith("layers_")}
+  out["layers"] = layers
+  return {"params": out}

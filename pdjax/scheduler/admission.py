@@ -22,6 +22,8 @@ class Admission:
   def _admit(self, arrivals: deque[Request]) -> None:
     now = self.clock.now()
     o, p = self.opts, self.policies
+    if self._holds_arrivals():   # a re-mesh replaces a tier they need: they wait
+      return
     while arrivals and arrivals[0].arrival_s <= now:
       req = arrivals.popleft()
       reason = batching.rejection_reason(

@@ -47,6 +47,7 @@ from pdjax.scheduler.invariants import Invariants
 from pdjax.scheduler.policies.base import StepPlan
 from pdjax.scheduler.records import SAMPLE_FIELDS, STEP_FIELDS, new_records
 from pdjax.scheduler.recovery import Recovery
+from pdjax.scheduler.remesh import Remesh
 from pdjax.scheduler.spill import SpilledList
 from pdjax.scheduler.steps import Steps
 from pdjax.scheduler.streams import Streams
@@ -103,6 +104,10 @@ class RunResult:
   fast_forwarded: int = 0    # steps collected by the decode fast-forward (not an output)
   tally: Tally = dataclasses.field(default_factory=Tally)   # counters as they happened
   segment_steps: int = 0     # fast-forwarded steps collected in decode segments (not an output)
+  remesh_events: list[dict] = dataclasses.field(default_factory=list)   # one per re-mesh
+                             # (scheduler/remesh.py): layouts, phases' seconds, moved requests
+  instances: list = dataclasses.field(default_factory=list)   # every instance the run used,
+                             # those a re-mesh replaced and made included
 
   def step_counts(self) -> dict[str, dict[str, int]]:
     """{instance: {kind: steps}}, both in order of first appearance."""
@@ -127,12 +132,15 @@ def default_policies(options: DriverOptions) -> policy_lib.Policies:
 
 
 class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Transfers,
-             Recovery, Invariants):
+             Recovery, Remesh, Invariants):
 
   def __init__(self, mode: str, workers: list[InstanceQueue], *, options: DriverOptions, clock,
                transfer_fn=None, policies: policy_lib.Policies | None = None,
-               injector: FaultInjector | None = None, spill_dir: str | None = None):
-    """spill_dir: a folder where a long-lived run (a server) keeps its records: the steps,
+               injector: FaultInjector | None = None, spill_dir: str | None = None,
+               remesh_builder=None, remesh_drain: str = "migrate"):
+    """remesh_builder: builds and releases instances for `scheduler.role_switch=remesh`
+    (scheduler/remesh.py; None: no re-meshing); remesh_drain: migrate | finish.
+    spill_dir: a folder where a long-lived run (a server) keeps its records: the steps,
     state samples and transfers (scheduler/spill.py) and the terminal requests, which leave
     memory as they end (RunResult.requests then holds them in the order they ended). Default:
     plain lists, requests in the order they were given."""
@@ -165,6 +173,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     self._tiers: dict[str, list[InstanceQueue]] | None = None
     self._draining: list[InstanceQueue] = []
     self._init_recovery()
+    self._init_remesh(remesh_builder, remesh_drain)
     self._inbox = self._listener = None
     self._path_reasons: dict[str, dict] = {}   # the shared path_reason of a policy that gives none
     self.requests: list[Request] = []   # the run's requests (Driver.run; see spill_dir)
@@ -249,6 +258,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
       self._admit(arrivals)
       self._apply_cancels()
       self._switch_roles()
+      self._remesh_turn()
       self._start_transfers()
       self._poll_transfers()
       self._poll_restarts()
@@ -256,7 +266,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
       for i in touched:                # worker order, as the policies' tie-breaks expect
         w = self.workers[i]
         w.chain_safe_until = None      # (its batch or pool may have changed)
-        if w.dead:
+        if w.dead or w.paused:
           continue
         sampled = len(self.samples)
         if w.inflight is None:
@@ -284,7 +294,9 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
       if done >= self._taken and not arrivals:
         if inbox is None or inbox.closed:
           break
-      due = [t for t in (arrivals[0].arrival_s if arrivals else None, wake) if t is not None]
+      held = self._holds_arrivals()   # (arrivals a re-mesh holds are due at its rejoin)
+      due = [t for t in (arrivals[0].arrival_s if arrivals and not held else None, wake)
+             if t is not None]
       if inbox is not None and (due or done >= self._taken):
         inbox.wait(min(due) - self.clock.now() if due else IDLE_WAIT_S)   # or a submission
         continue
@@ -296,6 +308,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
         continue
       self._fail_stalled()   # nothing in flight, nothing to come: cannot progress
     self._run_events(float("inf"), only=("flush",))   # flushes past the last request: at the end
+    self._finish_remesh_at_end()
     terminal = sum(r.status.terminal for r in self.requests) if self.spill_dir is None else \
         len(self.requests)
     if self._terminal != terminal or self._open:   # a request ended twice or behind its back
@@ -310,7 +323,8 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     return RunResult(self.requests, self.transfers, self.clock.now(), self.steps, self.samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
-                      **self.fault_counts}, fast_forwarded, self.tally, self.segment_steps)
+                      **self.fault_counts}, fast_forwarded, self.tally, self.segment_steps,
+                     self.remesh_events, [w.instance for w in self.workers])
 
   def _take_inbox(self, inbox, arrivals: deque) -> None:
     """New requests join the arrivals (stamped by their submitter), cancellations apply, calls

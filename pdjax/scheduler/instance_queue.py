@@ -80,6 +80,8 @@ class InstanceQueue:
     self.host_wait_from: float | None = None  # idle with work since (no step in flight)
     self.draining_to: str | None = None       # a pending role switch: takes no new work
     self.dead = False                         # killed (fault injection): no work, no routing
+    self.retired = False                      # replaced by a re-mesh (also `dead`)
+    self.paused = False                       # a re-mesh holds it: no step is dispatched
     self.prefill_tok_s: float | None = None   # measured, EWMA, per second of prefill step
     self.prefill_drain_tok_s: float | None = None   # per second of wall time with a queue
     self._drain_from: float | None = None     # when the current backlog period's clock started

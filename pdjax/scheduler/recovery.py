@@ -84,10 +84,12 @@ class Recovery:
         self._retry(*payload)
       elif kind == "land":
         self._land(*payload)
+      elif kind == "remesh":
+        self._rejoin(payload)
 
   def _wake_s(self) -> float | None:
     """The earliest time something is due besides arrivals: an event or a lease expiry."""
-    times = [t for t in (self._next_event_s(),) if t is not None]
+    times = [t for t in (self._next_event_s(), self._remesh_wake_s()) if t is not None]
     if self.opts.lease_s and self._held_since:
       times.append(min(self._held_since.values()) + self.opts.lease_s)
     return min(times) if times else None
@@ -317,6 +319,8 @@ class Recovery:
     r.status = Status.WAITING
     tier = self.tier(role)
     router = self.policies.decode_router if role == "decode" else self.policies.prefill_router
+    if not tier and self._park(r, role, fallback, why):
+      return     # the tier is being re-meshed: r waits for its new instances
     target = router.choose(r, tier) if tier else None
     if target is None:
       self._finish(r, Status.FAILED, now, f"{why} and no live instance is left in the {role} tier")

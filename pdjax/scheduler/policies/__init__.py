@@ -30,6 +30,7 @@ from pdjax.scheduler.policies.prefix_hybrid import PrefixHybrid
 from pdjax.scheduler.policies.queue_bound import QueueBound
 from pdjax.scheduler.policies.queue_balance import QueueBalance
 from pdjax.scheduler.policies.random_router import RandomRouter
+from pdjax.scheduler.policies.remesh import Remesh
 from pdjax.scheduler.policies.round_robin import RoundRobin
 from pdjax.scheduler.policies.session_sticky import SessionSticky
 from pdjax.scheduler.policies.slo_headroom import SloHeadroom
@@ -42,7 +43,7 @@ PATHS = {"always_disagg": AlwaysDisagg, "always_colocated": AlwaysColocated,
          "isl_bounding": IslBounding, "slo_headroom": SloHeadroom}
 ADMISSIONS = {"none": NoAdmission, "queue_bound": QueueBound, "predicted_slo": PredictedSlo}
 COLOCATED = {"prefill_first": PrefillFirst, "chunked_prefill": ChunkedPrefill}
-ROLE_SWITCH = {"none": NoRoleSwitch, "queue_balance": QueueBalance}
+ROLE_SWITCH = {"none": NoRoleSwitch, "queue_balance": QueueBalance, "remesh": Remesh}
 CHOICES = {"prefill_router": ROUTERS, "decode_router": ROUTERS, "path": PATHS,
            "admission": ADMISSIONS, "colocated_policy": COLOCATED, "role_switch": ROLE_SWITCH}
 
@@ -66,7 +67,8 @@ def unknown_policy(key: str, name: str) -> str | None:
 def build(names: dict, params: dict, seed: int = 0) -> Policies:
   """names: {"prefill_router": ..., ...}; params: keyword arguments every policy may use
   (token_budget, chunk_budget, max_prefill_seqs, length_threshold, isl_ratio, saturation,
-  max_queue, slo_ttft_s, slo_tpot_s, interval_s, queued_tokens); each takes what it needs."""
+  max_queue, slo_ttft_s, slo_tpot_s, interval_s, queued_tokens, remesh_schedule,
+  remesh_cooldown_s, allowed_tps); each takes what it needs."""
   for key, name in names.items():
     error = unknown_policy(key, name)
     if error:

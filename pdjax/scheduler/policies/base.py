@@ -91,3 +91,8 @@ class RoleSwitchPolicy:
              transfer_backlog: int) -> list[tuple]:
     """Returns (worker, new_role) pairs; only drained workers are switched."""
     return []
+
+  def remesh(self, now: float, prefill_tier: list, decode_tier: list,
+             transfer_backlog: int):
+    """A tier's new layout to switch to now (policies/remesh.py's RemeshPlan), or None."""
+    return None

@@ -1,0 +1,157 @@
+"""Re-meshing a tier live (scheduler/remesh.py) on the fake engine: the schedule's parsing and
+errors, a merge and a split mid-run (requests decoding), both drain policies, a failed build,
+and the phases' accounting on the virtual clock."""
+
+import pytest
+
+from pdjax.request import Status
+from pdjax.scheduler import policies as policy_lib
+from pdjax.scheduler.clock import ManualClock
+from pdjax.scheduler.driver import Driver
+from pdjax.scheduler.errors import DeviceError
+from pdjax.scheduler.policies.remesh import parse_schedule, schedule_error
+from helpers.fake_engine import OPTS, FakeInstance, InstanceQueue, _req, ok_transfer
+
+NAMES = dict(prefill_router="least_loaded", decode_router="least_loaded", path="always_disagg",
+             admission="none", colocated_policy="prefill_first", role_switch="remesh")
+RESHARD_S, COMPILE_S = 0.05, 0.1
+
+
+class FakeBuilder:
+  """New FakeInstances at `tp`, their pools the old ones' pages shared out; phases modelled."""
+
+  def __init__(self, clock, fail=False):
+    self.clock, self.fail, self.built, self.released = clock, fail, [], []
+
+  def build(self, old, role, count, tp, names):
+    if self.fail:
+      raise DeviceError("out of memory while resharding")
+    pages = sum(o.tables.allocator.num_pages for o in old) // count
+    new = []
+    for name in names:
+      inst = FakeInstance(name, self.clock, num_pages=pages)
+      inst.tp = tp
+      new.append(inst)
+    self.built.append([i.name for i in new])
+    return new, {"reshard_s": RESHARD_S, "compile_s": COMPILE_S}
+
+  def release(self, old):
+    self.released.append([o.name for o in old])
+
+
+def _driver(schedule, drain="migrate", fail=False, decode=2, decode_tp=1):
+  clock = ManualClock()
+  ps = [InstanceQueue(FakeInstance("prefill-0", clock), "prefill")]
+  ds = []
+  for i in range(decode):
+    inst = FakeInstance(f"decode-{i}", clock)
+    inst.tp = decode_tp
+    ds.append(InstanceQueue(inst, "decode"))
+  builder = FakeBuilder(clock, fail)
+  policies = policy_lib.build(NAMES, dict(token_budget=16, max_prefill_seqs=4,
+                                          remesh_schedule=schedule), seed=0)
+  driver = Driver("disaggregated", ps + ds, options=OPTS, clock=clock, transfer_fn=ok_transfer,
+                  policies=policies, remesh_builder=builder, remesh_drain=drain)
+  return driver, builder, ps + ds
+
+
+def _check_done(result, reqs, max_new=8):
+  assert [r.status for r in reqs] == [Status.FINISHED] * len(reqs)
+  for r in reqs:   # the fake engine's token after length n is 100 + n
+    assert r.output_ids == list(range(100 + r.prompt_len, 100 + r.prompt_len + max_new))
+  for inst in result.instances:
+    assert inst.tables.num_used_pages == 0, inst.name
+
+
+def test_schedule_parses_and_rejects_in_one_line():
+  assert parse_schedule("decode:2x1@4, decode:1x2@1.5") == [(1.5, "decode", 1, 2),
+                                                            (4.0, "decode", 2, 1)]
+  with pytest.raises(ValueError) as e:
+    parse_schedule("decode:1x2")
+  assert str(e.value) == ("scheduler.remesh_schedule entry 'decode:1x2' is not "
+                          "'<prefill|decode>:<instances>x<tp>@<seconds>' (e.g. 'decode:1x2@1.5')")
+  devices = {"prefill": 1, "decode": 2}
+  assert schedule_error("decode:1x2@1,decode:2x1@2", devices, (1, 2)) is None
+  assert schedule_error("decode:1x4@1", devices, (1, 2, 4)) == (
+      "scheduler.remesh_schedule entry 'decode:1x4' needs 4 devices; the decode tier has 2")
+  assert schedule_error("prefill:1x1@1,decode:1x2@1", devices, (1,)) == (
+      "scheduler.remesh_schedule entry 'decode:1x2': tp 2 is not one the model allows ([1])")
+
+
+def test_merge_then_split_mid_decode_migrates_kv_and_loses_nothing():
+  driver, builder, workers = _driver("decode:1x2@0.25,decode:2x1@0.6")
+  reqs = [_req(i, 4, 8, arrival=0.05 * i) for i in range(8)]
+  result = driver.run(reqs)
+  _check_done(result, reqs)
+  assert builder.built == [["decode-m1-0"], ["decode-m2-0", "decode-m2-1"]]
+  assert builder.released == [["decode-0", "decode-1"], ["decode-m1-0"]]
+  first, second = result.remesh_events
+  assert (first["from"], first["to"], first["reason"], first["ok"]) == ("2x1", "1x2",
+                                                                        "scheduled", True)
+  assert first["instances_from"] == ["decode-0", "decode-1"]
+  assert first["instances_to"] == ["decode-m1-0"]
+  assert (second["from"], second["to"], second["instances_to"]) == (
+      "1x2", "2x1", ["decode-m2-0", "decode-m2-1"])
+  for ev in (first, second):
+    assert ev["phases_s"]["reshard"] == RESHARD_S and ev["phases_s"]["compile"] == COMPILE_S
+    assert ev["phases_s"]["migrate"] == 0.0     # ok_transfer lands at once
+    # (rejoin_wait: the fake engine's steps move the clock only when collected, past the
+    # rejoin's due time)
+    assert ev["total_s"] == pytest.approx(sum(ev["phases_s"].values()))
+    assert ev["migrated"] > 0 and ev["recomputed"] == 0
+  # requests that were decoding at the first switch moved to the merged instance
+  moved = [r for r in reqs if r.decode_start_s < first["t_s"] and
+           r.finish_s > first["t_s"] + first["total_s"]]
+  assert len(moved) == first["migrated"]
+  old = [w for w in driver.workers if w.name in ("decode-0", "decode-1", "decode-m1-0")]
+  assert all(w.retired and w.dead and not w.running for w in old)
+  assert driver.tier("decode") == [w for w in driver.workers if w.name.startswith("decode-m2")]
+
+
+def test_finish_drain_lets_old_instances_finish_their_requests():
+  driver, builder, _ = _driver("decode:1x2@0.25", drain="finish")
+  reqs = [_req(i, 4, 8, arrival=0.05 * i) for i in range(8)]
+  result = driver.run(reqs)
+  _check_done(result, reqs)
+  ev, = result.remesh_events
+  assert ev["migrated"] == 0 and ev["requeued"] == 0 and ev["ok"]
+  t_join = ev["t_s"] + ev["total_s"]
+  for r in reqs:   # nothing moved: each decoded where its KV first landed
+    assert r.decode_instance == ("decode-m1-0" if r.decode_start_s >= t_join else
+                                 r.decode_instance)
+    if r.decode_start_s < ev["t_s"]:
+      assert r.decode_instance in ("decode-0", "decode-1")
+  assert any(r.decode_instance == "decode-m1-0" for r in reqs)
+
+
+def test_a_failed_build_leaves_the_old_instances_serving():
+  driver, builder, workers = _driver("decode:1x2@0.25", fail=True)
+  reqs = [_req(i, 4, 8, arrival=0.05 * i) for i in range(8)]
+  result = driver.run(reqs)
+  _check_done(result, reqs)
+  ev, = result.remesh_events
+  assert ev["ok"] is False
+  assert ev["error"] == "DeviceError: out of memory while resharding"
+  assert builder.released == []
+  assert driver.tier("decode") == workers[1:]
+  assert {r.decode_instance for r in reqs} == {"decode-0", "decode-1"}
+
+
+def test_prefill_remesh_holds_arrivals_until_the_new_instances_join():
+  clock = ManualClock()
+  ps = [InstanceQueue(FakeInstance(f"prefill-{i}", clock), "prefill") for i in range(2)]
+  ds = [InstanceQueue(FakeInstance("decode-0", clock), "decode")]
+  builder = FakeBuilder(clock)
+  policies = policy_lib.build(NAMES, dict(token_budget=16, max_prefill_seqs=4,
+                                          remesh_schedule="prefill:1x2@0.15"), seed=0)
+  driver = Driver("disaggregated", ps + ds, options=OPTS, clock=clock, transfer_fn=ok_transfer,
+                  policies=policies, remesh_builder=builder)
+  reqs = [_req(i, 4, 4, arrival=0.1 * i) for i in range(5)]
+  result = driver.run(reqs)
+  _check_done(result, reqs, max_new=4)
+  ev, = result.remesh_events
+  joined = ev["t_s"] + ev["total_s"]
+  held = [r for r in reqs if ev["t_s"] < r.arrival_s < joined]
+  assert held and all(r.prefill_instance == "prefill-m1-0" for r in held)
+  assert all(r.prefill_start_s >= joined for r in held)
+  assert [r.status for r in reqs].count(Status.REJECTED) == 0
