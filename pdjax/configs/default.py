@@ -90,7 +90,7 @@ def get_config(arg=None):
                                                 #   slo_headroom
   c.scheduler.admission = "none"                # none|queue_bound|predicted_slo
   c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)
-  c.scheduler.role_switch = "none"              # none|queue_balance
+  c.scheduler.role_switch = "none"              # none|queue_balance|remesh
   c.scheduler.chunk_budget = 256                # tokens per chunked-prefill step
   c.scheduler.overlap = "auto"                  # dispatch the next step before a decode step's
                                                 #   tokens reach the host: auto (TPU/GPU on,
@@ -107,6 +107,12 @@ def get_config(arg=None):
   c.scheduler.max_queue = 32                    # queue_bound: waiting requests per instance
   c.scheduler.role_switch_interval_s = 1.0      # queue_balance: how often it looks
   c.scheduler.role_switch_queued_tokens = 1024  # queue_balance: prefill backlog per instance
+  c.scheduler.remesh_schedule = ""              # remesh: scripted, e.g. "decode:1x2@1.5,decode:2x1@4"
+                                                #   (at 1.5 s the decode tier becomes 1 instance
+                                                #   at TP2...); "" = decided from the load
+  c.scheduler.remesh_drain = "migrate"          # remesh: migrate (running requests' KV moves to
+                                                #   the new instances) | finish (they finish first)
+  c.scheduler.remesh_cooldown_s = 5.0           # remesh from the load: seconds between re-meshes
 
   c.workload = default_workload_config()   # kind, preset, arrival, rate, num_requests, ...
   # The default experiment: 75% short chats among long documents (1024-1792 prompt tokens):
@@ -150,6 +156,8 @@ def get_config(arg=None):
   c.sim.host_link_gbps = 0.0               # host <-> device link (host KV tier); 0 = the preset's
   c.sim.fast_forward = True                # decode chains between events without a loop turn
                                            #   per step (identical results, faster)
+  c.sim.remesh_compile_s = 1.0             # a re-meshed instance's program load (compile cache);
+                                           #   a calibrated profile's measured one replaces it
 
   c.plan = ml_collections.ConfigDict()     # python -m pdjax.plan (always on the simulator)
   c.plan.chip_budget = 8                   # chips to place prefill/decode/colocated instances on

@@ -56,7 +56,7 @@ class EngineRemeshBuilder:
     tier's devices that is not serving there already; returns how many were built."""
     for role, lays in layouts.items():
       self.tps[role] |= {tp for _, tp in lays}
-    built = 0
+    todo = {}
     for role, lays in layouts.items():
       devices = self._devices(role)
       pages = sum(i.opts.num_pages for i in self.live if i.role == role)
@@ -64,21 +64,21 @@ class EngineRemeshBuilder:
       for count, tp in lays:
         for k in range(count):
           devs = tuple(devices[k * tp:(k + 1) * tp])
-          if _key(role, devs) in serving or _key(role, devs) in self.standby:
-            continue
-          opts = dataclasses.replace(self.opts_by_role[role], num_pages=pages // count)
-          inst = Instance(mesh_lib.InstanceSpec(f"{role}-standby-{count}x{tp}-{k}", role, devs),
-                          self.mcfg, host_params, opts)
-          inst.warm_up(prefill=True, decode=True)
-          self._warm(inst)
-          inst.unload()
-          self.standby[_key(role, devs)] = inst
-          built += 1
-          if progress is not None:
-            progress(built, None, f"standby {inst.name}")
+          if _key(role, devs) not in serving and _key(role, devs) not in self.standby:
+            todo.setdefault(_key(role, devs), (
+                mesh_lib.InstanceSpec(f"{role}-standby-{count}x{tp}-{k}", role, devs),
+                dataclasses.replace(self.opts_by_role[role], num_pages=pages // count)))
+    for n, (key, (spec, opts)) in enumerate(todo.items()):
+      inst = Instance(spec, self.mcfg, host_params, opts)
+      inst.warm_up(prefill=True, decode=True)
+      self._warm(inst)
+      inst.unload()
+      self.standby[key] = inst
+      if progress is not None:
+        progress(n + 1, len(todo), f"standby instance {spec.name}")
     for inst in self.live:
       self._warm(inst)
-    return built
+    return len(todo)
 
   def build(self, old: list, role: str, count: int, tp: int, names: list[str]):
     """(new instances, {"reshard_s", "compile_s"}); DeviceError leaves `old` untouched."""

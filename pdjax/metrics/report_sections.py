@@ -81,6 +81,27 @@ def role_switch_section(switches: Sequence[dict]) -> list[str]:
   return lines + [""]
 
 
+def remesh_section(events: Sequence[dict]) -> list[str]:
+  """Each re-mesh: when, the tier's layouts (instances x TP), why, its phases' seconds and
+  the requests it moved."""
+  lines = ["## Re-meshes", ""]
+  if not events:
+    return lines + ["None.", ""]
+  rows = []
+  for e in events[:MAX_SWITCH_ROWS]:
+    phases = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in e.get("phases_s", {}).items())
+    outcome = "ok" if e.get("ok") else f"failed: {e.get('error', '')}"
+    rows.append([f"{e['t_s']:.3f}", e["role"], f"{e['from']} -> {e['to']}",
+                 str(e["reason"]).replace("|", "\\|"), f"{e['total_s'] * 1e3:.1f}", phases,
+                 f"{e['migrated']} / {e['requeued']} / {e['recomputed']}",
+                 outcome.replace("|", "\\|")])
+  lines += md_table(["t (s)", "tier", "layout", "why", "total (ms)", "phases (ms)",
+                     "migrated / requeued / recomputed", "outcome"], rows, "rlllrlrl")
+  if len(events) > MAX_SWITCH_ROWS:
+    lines.append(f"\n({len(events) - MAX_SWITCH_ROWS} more not shown)")
+  return lines + [""]
+
+
 def extra_sections(extras: dict) -> list[str]:
   """The sections for whichever of tiers, rejects_by_reason, preemptions and
   role_switches extras holds."""
@@ -93,6 +114,8 @@ def extra_sections(extras: dict) -> list[str]:
     lines += rejects_section(extras["rejects_by_reason"])
   if "role_switches" in extras:
     lines += role_switch_section(extras["role_switches"])
+  if extras.get("remesh_events"):
+    lines += remesh_section(extras["remesh_events"])
   if "kv_cache" in extras:
     lines += kv_pages_section(extras["kv_cache"])
   if extras.get("kv_cache", {}).get("enabled"):

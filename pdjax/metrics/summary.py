@@ -102,13 +102,16 @@ def summarize(requests: Sequence[Request], *, mode: str, duration_s: float,
 
 def summarize_extras(requests: Sequence[Request], *, duration_s: float,
                      steps: Sequence[dict] = (), samples: Sequence[dict] = (),
-                     role_switches: Sequence[dict] = ()) -> dict:
+                     role_switches: Sequence[dict] = (),
+                     remesh_events: Sequence[dict] = ()) -> dict:
   """Optional sections beyond summarize()'s contract, to merge into the summary
   (summary.update(...)) or pass as write_run_files(extras=...): "preemptions" (int),
   "rejects_by_reason" ({reason: count}), "tiers" (timeline.tier_stats), "host_overhead"
   ({tier: share of time its devices waited for the host}) and "host_time" (per-tier host
-  phase times; see pdjax.metrics.host_time), "role_switches" (the list as given) and "paths"
-  (metrics.path_stats: requests by path and reason, the path predictions' error)."""
+  phase times; see pdjax.metrics.host_time), "role_switches" (the list as given), "paths"
+  (metrics.path_stats: requests by path and reason, the path predictions' error) and
+  "remesh_events" (scheduler/remesh.py: one per re-mesh, its layouts, phase seconds and moved
+  requests)."""
   return {
       "preemptions": preemption_count(requests),
       "rejects_by_reason": rejects_by_reason(requests),
@@ -117,4 +120,5 @@ def summarize_extras(requests: Sequence[Request], *, duration_s: float,
       "host_time": host_time(steps),
       "role_switches": [dict(sw) for sw in role_switches],
       "paths": path_stats(requests),
+      "remesh_events": [dict(e) for e in remesh_events],
   }

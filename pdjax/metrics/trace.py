@@ -7,7 +7,8 @@ per role switch. Process 2 "requests": one thread per request (in the given orde
 transfer (the KV transfer gap), wait_decode (transfer end, or prefill end, -> decode
 start; only when positive) and decode (decode start -> finish); a phase with a None
 timestamp is left out. Rejected and failed requests get an instant event at finish_s.
-Page-pool occupancy is a counter track per instance on process 1. Steps recorded with host
+Page-pool occupancy is a counter track per instance on process 1. Process 3 "re-meshes" (a run
+with scheduler.role_switch=remesh): a track per tier, a span per phase of each re-mesh. Steps recorded with host
 timing (the driver's) add a "<instance> host" thread with the host's plan, dispatch and readback
 around each step, and "waiting for host" spans on the instance's thread where its device idled
 with work to do (pdjax.metrics.host_time). Timestamps are microseconds on the run's clock.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,7 +33,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from pdjax.metrics import columns, trace_bins
-from pdjax.metrics.trace_format import INSTANCES_PID, REQUESTS_PID, counter_event  # noqa: F401
+from pdjax.metrics.trace_format import (INSTANCES_PID, REMESH_PID, REQUESTS_PID,  # noqa: F401
+                                        counter_event)
 from pdjax.metrics.trace_format import instant as _instant
 from pdjax.metrics.trace_format import meta as _meta
 from pdjax.metrics.trace_format import span as _span
@@ -164,15 +167,34 @@ def pool_counters(samples: Sequence[dict]) -> list[dict]:
           for s in samples]
 
 
+def remesh_events(events: Sequence[dict]) -> Iterator[dict]:
+  """Process 3: a track per re-meshed tier, one span per phase of each re-mesh (drain,
+  reshard, compile, migrate, then any wait before the rejoin), in that order from its start."""
+  if not events:
+    return
+  yield _meta("process_name", REMESH_PID, 0, "re-meshes")
+  tids = {role: i + 1 for i, role in enumerate(sorted({e["role"] for e in events}))}
+  yield from (_meta("thread_name", REMESH_PID, tid, f"{role} re-mesh")
+              for role, tid in tids.items())
+  for e in events:
+    t = e["t_s"]
+    for phase, seconds in e.get("phases_s", {}).items():
+      yield _span(phase, "remesh", t, t + seconds, REMESH_PID, tids[e["role"]],
+                  {"from": e["from"], "to": e["to"], "ok": e.get("ok", False)})
+      t += seconds
+
+
 def trace_events(*, requests: Sequence[Request], steps: Sequence[dict],
                  role_switches: Sequence[dict], samples: Sequence[dict] = (),
-                 max_step_events: int | None = MAX_STEP_EVENTS) -> Iterator[dict]:
+                 max_step_events: int | None = MAX_STEP_EVENTS,
+                 remeshes: Sequence[dict] = ()) -> Iterator[dict]:
   """The events of write_chrome_trace, in file order: process 1 (instances), process 2
   (requests), then the KV counters. Steps are binned when there are more than max_step_events
   (None: never), the counters when there are more samples than that."""
   if max_step_events is not None and max_step_events < 1:
     raise ValueError(f"max_step_events must be >= 1 or None, got {max_step_events}")
-  return _trace_events(requests, steps, role_switches, samples, max_step_events)
+  return itertools.chain(_trace_events(requests, steps, role_switches, samples,
+                                       max_step_events), remesh_events(remeshes))
 
 
 def _trace_events(requests: Sequence[Request], steps: Sequence[dict],
@@ -229,12 +251,13 @@ def write_events(f, events: Iterable[dict], chunk: int = 20_000) -> None:
 
 def write_chrome_trace(path: str, *, requests: Sequence[Request], steps: Sequence[dict],
                        role_switches: Sequence[dict], samples: Sequence[dict] = (),
-                       max_step_events: int | None = MAX_STEP_EVENTS) -> None:
+                       max_step_events: int | None = MAX_STEP_EVENTS,
+                       remeshes: Sequence[dict] = ()) -> None:
   """Writes {"traceEvents": [...], "displayTimeUnit": "ms"} to path: every event (see the
   module docstring) when the run has at most max_step_events steps (None: always), else the
   steps binned per instance and time (pdjax.metrics.trace_bins)."""
   events = trace_events(requests=requests, steps=steps, role_switches=role_switches,
-                        samples=samples, max_step_events=max_step_events)
+                        samples=samples, max_step_events=max_step_events, remeshes=remeshes)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f, _no_gc():
     f.write('{"traceEvents": [')

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 INSTANCES_PID = 1
 REQUESTS_PID = 2
+REMESH_PID = 3
 
 
 def us(seconds: float) -> float:

@@ -30,7 +30,11 @@ def policies_for(cfg, run: str, opts):
                 saturation=sc.saturation, max_queue=sc.max_queue, slo_ttft_s=cfg.slo.ttft_s,
                 slo_tpot_s=cfg.slo.tpot_s, interval_s=sc.role_switch_interval_s,
                 queued_tokens=sc.role_switch_queued_tokens, shared_salt=cfg.kv.shared_salt,
-                headroom=sc.get("admission_headroom", 1.0), isl_ratio=sc.get("isl_ratio", 0.7))
+                headroom=sc.get("admission_headroom", 1.0), isl_ratio=sc.get("isl_ratio", 0.7),
+                remesh_schedule=sc.get("remesh_schedule", ""),
+                remesh_cooldown_s=sc.get("remesh_cooldown_s", 5.0))
+  if sc.role_switch == "remesh":
+    params["allowed_tps"] = config_lib.remesh_tps(cfg, config_lib.model_config(cfg))
   return policy_lib.build(names, params, seed=cfg.seed)
 
 
@@ -74,35 +78,27 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
   elif ray_cluster is not None:
     instances = ray_cluster.build_instances(
         tiers, mcfg, opts, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
-        roles_may_change=cfg.scheduler.role_switch != "none",
+        roles_may_change=cfg.scheduler.role_switch == "queue_balance",
         opts_by_role=options_lib.tier_options(cfg, opts))
     serve_kwargs = dict(transfer_fn=ray_cluster.transfer_fn)
   else:
     from pdjax.engine.cluster import build_instances
     instances = build_instances(tiers, mcfg, host_params, opts,
-                                roles_may_change=cfg.scheduler.role_switch != "none",
+                                roles_may_change=cfg.scheduler.role_switch == "queue_balance",
                                 opts_by_role=options_lib.tier_options(cfg, opts),
                                 progress=progress)
-  profile = config_lib.latency_profile(cfg, mcfg)
-  if profile is not None:   # slo_headroom predicts from it (scheduler/policies/latency_model.py)
-    from pdjax.sim.calibrated import cost_from_profile
-    for inst in instances:
-      inst.cost = cost_from_profile(profile, inst.tp, inst.opts)
-  if cfg.kv.prefix_cache:
-    for inst in instances:
-      inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)
-  if cfg.kv.get("host_tier_pages", 0):   # one node: every instance shares one host tier
-    from pdjax.kv.host_tier import HostTier
-    from pdjax.sim.hardware import HARDWARE
-    tier = HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy)
-    gbps = cfg.sim.get("host_link_gbps", 0.0)
-    link = gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s
+  prepare = _preparer(cfg, mcfg)
+  for inst in instances:
+    prepare(inst)
+  if cfg.kv.get("host_tier_pages", 0):
     handoff = cfg.kv.get("host_tier_handoff", "transfer")
-    for inst in instances:
-      inst.attach_host_tier(tier, link, handoff)
     if handoff == "host" and cfg.backend == "jax":
       from pdjax.engine.host_copies import transfer_through_host_tier
       serve_kwargs["transfer_fn"] = transfer_through_host_tier
+  if mode == "disaggregated" and cfg.scheduler.role_switch == "remesh":
+    serve_kwargs.update(remesh_builder=_remesh_builder(cfg, mcfg, instances, prepare,
+                                                       host_params, progress),
+                        remesh_drain=cfg.scheduler.get("remesh_drain", "migrate"))
   kv = cfg.kv
   serve_kwargs.update(policies=policies_for(cfg, run, opts),
                       injector=FaultInjector(config_lib.fault_spec(cfg)),
@@ -116,6 +112,68 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
                       stream_min_tokens=kv.get("stream_min_tokens", 0),
                       debug=cfg.debug, overlap=_overlap(cfg))
   return mode, instances, serve_kwargs
+
+
+def _preparer(cfg, mcfg):
+  """What every instance of the run gets once built (the first ones and a re-mesh's): the
+  latency profile's cost (slo_headroom's predictions), the prefix cache, the node's host
+  tier (one for the run: every instance shares it)."""
+  profile = config_lib.latency_profile(cfg, mcfg)
+  host_tier = None
+  if cfg.kv.get("host_tier_pages", 0):
+    from pdjax.kv.host_tier import HostTier
+    from pdjax.sim.hardware import HARDWARE
+    gbps = cfg.sim.get("host_link_gbps", 0.0)
+    host_tier = (HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy),
+                 gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s,
+                 cfg.kv.get("host_tier_handoff", "transfer"))
+
+  def prepare(inst) -> None:
+    if profile is not None:   # (scheduler/policies/latency_model.py)
+      from pdjax.sim.calibrated import cost_from_profile
+      inst.cost = cost_from_profile(profile, inst.tp, inst.opts)
+    if cfg.kv.prefix_cache:
+      inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)
+    if host_tier is not None:
+      inst.attach_host_tier(*host_tier)
+  return prepare
+
+
+def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress):
+  """scheduler.role_switch=remesh: the simulator's builder (modelled phases) or the engine's,
+  its standby instances for the allowed layouts compiled now (engine/remesh.py)."""
+  layouts = config_lib.remesh_layouts(cfg, mcfg)
+  opts_by_role = {i.role: i.opts for i in instances}
+  if cfg.backend == "sim":
+    import dataclasses
+    from pdjax.sim.hardware import HARDWARE
+    from pdjax.sim.instance import SimInstance, sim_cost
+    from pdjax.sim.remesh import SimRemeshBuilder
+    from pdjax.sim.roofline import RooflineCost
+    proto = {i.role: i for i in instances}
+    profile = config_lib.sim_profile(cfg, mcfg)
+    dtype_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
+    costs = {}
+
+    def make(name, role, tp, num_pages):
+      p = proto[role]
+      if tp not in costs:
+        costs[tp] = sim_cost(mcfg, tp, p.opts, hardware=cfg.sim.hardware,
+                             link_gbps=cfg.sim.link_gbps, dtype_bytes=dtype_bytes,
+                             profile=profile)
+      inst = SimInstance(name, role, costs[tp], dataclasses.replace(p.opts, num_pages=num_pages),
+                         clock=p.clock, vocab_size=mcfg.vocab_size, eos_ids=mcfg.eos_token_ids,
+                         host=p.host, num_layers=mcfg.num_layers)
+      prepare(inst)
+      return inst
+    weight_bytes = RooflineCost(mcfg, HARDWARE[cfg.sim.hardware], 1,
+                                dtype_bytes=dtype_bytes).weight_bytes
+    compile_s = (profile or {}).get("remesh_compile_s", cfg.sim.get("remesh_compile_s", 1.0))
+    return SimRemeshBuilder(make, weight_bytes, compile_s)
+  from pdjax.engine.remesh import EngineRemeshBuilder
+  builder = EngineRemeshBuilder(mcfg, opts_by_role, instances, prepare)
+  builder.precompile(layouts, host_params, progress=progress)
+  return builder
 
 
 def ray_cluster_for(cfg):

@@ -28,7 +28,8 @@ def summarize_run(cfg, run: str, result, instances, problems=()) -> dict:
                                               for i in instances),
                       kv_pages_leaked=serve_requests.kv_pages_leaked(instances))
   summary.update(summarize_extras(result.requests, duration_s=duration, steps=result.steps,
-                                  samples=result.samples, role_switches=result.role_switches))
+                                  samples=result.samples, role_switches=result.role_switches,
+                                  remesh_events=result.remesh_events))
   summary["kv_cache"] = kv_cache_summary(result.requests, instances, samples=result.samples,
                                          flushes=result.flushes)
   summary["faults"] = fault_summary(result.requests, result.faults)
@@ -101,7 +102,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
                                        dtype=cfg.model.dtype)
   summary = None
   if summarize:
-    summary = summarize_run(cfg, run, result, instances, problems)
+    summary = summarize_run(cfg, run, result, result.instances or instances, problems)
     summary["run_info"] = run_info_of(cfg, mcfg, run, requests=len(requests))
   if ray_cluster is not None:
     ray_cluster.release(instances)   # their processes end; the next run starts its own

@@ -29,7 +29,7 @@ def write_outputs(workdir: str, cfg, run: str, summary: dict, result,
   full = cfg.get("output", {}).get("trace_steps", "auto") == "full"
   write_chrome_trace(os.path.join(workdir, "trace.json"), requests=result.requests,
                      steps=result.steps, role_switches=result.role_switches,
-                     samples=result.samples,
+                     samples=result.samples, remeshes=result.remesh_events,
                      **({"max_step_events": None} if full else {}))
 
 

@@ -31,18 +31,19 @@ def serve(mode: str, instances: list, requests: list[Request],
   online serving (see Driver.run)."""
   driver = make_driver(mode, instances, **kwargs)
   result = driver.run(requests, on_progress=on_progress, inbox=inbox, listener=listener)
-  check_end_state(result, instances)
+  check_end_state(result, result.instances)
   return result
 
 
 def make_driver(mode: str, instances: list, policies=None, clock=None, transfer_fn=None,
-                injector=None, spill_dir: str | None = None, **overrides) -> Driver:
+                injector=None, spill_dir: str | None = None, remesh_builder=None,
+                remesh_drain: str = "migrate", **overrides) -> Driver:
   """The driver of one run on `instances`. policies: a `pdjax.scheduler.policies.Policies`
   (default: least_loaded routers, always_disagg, no admission control, prefill_first, no role
   switching). clock and transfer_fn default to the real engine's (wall clock, device KV
   transfer); the simulator passes its virtual clock and simulated transfer. injector: a
   FaultInjector (default: no faults); spill_dir: where a long-lived run keeps its records
-  (Driver); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...; overlap
+  (Driver); remesh_builder / remesh_drain: re-meshing (scheduler/remesh.py); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...; overlap
   also takes "auto", the default: see `resolve_overlap`)."""
   opts = instances[0].opts
   overrides["overlap"] = resolve_overlap(overrides.get("overlap", "auto"), instances)
@@ -54,7 +55,7 @@ def make_driver(mode: str, instances: list, policies=None, clock=None, transfer_
   options = dataclasses.replace(driver_options(opts, max_batch, pool), **overrides)
   return Driver(mode, workers, options=options, clock=clock or WallClock(),
                 transfer_fn=transfer_fn, policies=policies, injector=injector,
-                spill_dir=spill_dir)
+                spill_dir=spill_dir, remesh_builder=remesh_builder, remesh_drain=remesh_drain)
 
 
 def resolve_overlap(setting, instances: list) -> bool:

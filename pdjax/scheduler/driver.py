@@ -324,7 +324,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
                       **self.fault_counts}, fast_forwarded, self.tally, self.segment_steps,
-                     self.remesh_events, [w.instance for w in self.workers])
+                     self.remesh_events, self.instances_used)
 
   def _take_inbox(self, inbox, arrivals: deque) -> None:
     """New requests join the arrivals (stamped by their submitter), cancellations apply, calls

@@ -71,6 +71,7 @@ class InstanceQueue:
 
   def __init__(self, instance, role: str, max_batch: int):
     self.instance, self.role, self.max_batch = instance, role, max_batch
+    self.name: str = instance.name   # (fixed: a re-mesh may reuse the instance under a new one)
     self.waiting: deque[Request] = deque()    # need (re)prefill here, FCFS
     self.running: list[Request] = []          # decoding here
     self.reserved: dict[int, Request] = {}    # id(req) -> promised a decode slot, not running yet
@@ -92,10 +93,6 @@ class InstanceQueue:
     self.latest_sample: tuple | None = None   # the driver's latest sample of its state (a row)
     self.chain_safe_until: float | None = None   # its chain cannot preempt before (until
                                                  # touched): scheduler/decode_segments.py
-
-  @property
-  def name(self) -> str:
-    return self.instance.name
 
   @property
   def tables(self):

@@ -31,6 +31,14 @@ from pdjax.scheduler.instance_queue import InstanceQueue
 from pdjax.scheduler.policies.always_disagg import AlwaysDisagg
 
 
+class _Retired:
+  """What a replaced worker keeps of its instance: its name, TP and (empty) page tables. The
+  instance itself may serve again under another name (the engine's standby instances)."""
+
+  def __init__(self, instance):
+    self.name, self.tp, self.tables = instance.name, getattr(instance, "tp", 1), instance.tables
+
+
 class _Switch:
   """A re-mesh under way."""
 
@@ -55,6 +63,7 @@ class Remesh:
     self._remesh_builder, self._remesh_drain = builder, drain
     self._switch: _Switch | None = None
     self.remesh_events: list[dict] = []
+    self.instances_used = [w.instance for w in self.workers]   # the new ones appended
 
   # ---- the loop's hooks ------------------------------------------------------------------
 
@@ -149,6 +158,8 @@ class Remesh:
       self.workers.append(w)
       self._by_name[w.name] = w
       s.new.append(w)
+      if all(inst is not i for i in self.instances_used):
+        self.instances_used.append(inst)
     virtual = hasattr(self.clock, "advance_to")
     s.phases["migrate"] = self._migrate(s, virtual)
     s.built_s = now
@@ -241,6 +252,7 @@ class Remesh:
     self._remesh_builder.release([w.instance for w in s.old])
     for w in s.old:
       w.dead, w.retired, w.paused, w.draining_to = True, True, False, None
+      w.instance = _Retired(w.instance)
     for w in s.new:
       w.paused, w.draining_to = False, None
       self._touch(w)

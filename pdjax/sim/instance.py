@@ -218,6 +218,20 @@ def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
   return SimTransfer(src, list(src_pages), dst, list(dst_pages), num_bytes, seconds)
 
 
+def sim_cost(mcfg, tp: int, opts, *, hardware: str, link_gbps: float = 0.0,
+             dtype_bytes: int = 2, profile: dict | None = None):
+  """The cost model of one instance of `tp` chips: the calibrated `profile`'s fit when given,
+  else the roofline of `hardware`."""
+  from pdjax.sim.calibrated import cost_from_profile
+  from pdjax.sim.hardware import HARDWARE
+  from pdjax.sim.roofline import RooflineCost
+  if profile:
+    return cost_from_profile(profile, tp, opts)
+  link = link_gbps * 1e9 / 8 if link_gbps else None
+  return RooflineCost(mcfg, HARDWARE[hardware], tp, dtype_bytes=dtype_bytes,
+                      link_bytes_per_s=link)
+
+
 def build_sim_instances(tiers: list[tuple[str, int, int]], mcfg, opts, *, hardware: str,
                         clock, link_gbps: float = 0.0, dtype_bytes: int = 2,
                         profile: dict | None = None,
@@ -225,18 +239,13 @@ def build_sim_instances(tiers: list[tuple[str, int, int]], mcfg, opts, *, hardwa
   """One SimInstance per (role, index) with the cost of its TP degree: the calibrated
   `profile`'s fit when given, else the roofline of `hardware`. Needs no devices, so a cluster
   may be larger than this machine. opts_by_role: per-tier options (e.g. KV pool sizes)."""
-  from pdjax.sim.calibrated import cost_from_profile
-  from pdjax.sim.hardware import HARDWARE
   from pdjax.sim.host import SharedHost
-  from pdjax.sim.roofline import RooflineCost
-  link = link_gbps * 1e9 / 8 if link_gbps else None
   sharing = (profile or {}).get("host_sharing")
   host = SharedHost(clock, sharing) if sharing else None
   out = []
   for role, count, tp in tiers:
-    cost = (cost_from_profile(profile, tp, opts) if profile else
-            RooflineCost(mcfg, HARDWARE[hardware], tp, dtype_bytes=dtype_bytes,
-                         link_bytes_per_s=link))
+    cost = sim_cost(mcfg, tp, opts, hardware=hardware, link_gbps=link_gbps,
+                    dtype_bytes=dtype_bytes, profile=profile)
     for i in range(count):
       out.append(SimInstance(f"{role}-{i}", role, cost, (opts_by_role or {}).get(role, opts),
                              clock=clock,
