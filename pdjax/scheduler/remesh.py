@@ -257,7 +257,7 @@ class Remesh:
       w.paused, w.draining_to = False, None
       self._touch(w)
     s.event.update(ok=True, instances_to=[w.name for w in s.new],
-                   phases_s={k: round(v, 6) for k, v in s.phases.items()})
+                   phases_s=dict(s.phases))
     self._end_switch(s, resume_old=False)
 
   def _end_switch(self, s: _Switch, resume_old: bool) -> None:
@@ -266,7 +266,7 @@ class Remesh:
       for w in s.old:
         w.paused, w.draining_to = False, None
         self._touch(w)
-    s.event.update(total_s=round(now - s.start_s, 6), migrated=s.migrated,
+    s.event.update(total_s=now - s.start_s, migrated=s.migrated,
                    requeued=s.requeued, recomputed=s.recomputed)
     self.remesh_events.append(s.event)
     self._switch, self._tiers = None, None
