@@ -69,7 +69,8 @@ def place_params(mesh, params, num_layers: int = 0, layout: str = "stacked"):
   shapes and dtypes (models.orbax_checkpoint.OrbaxParams) that, given the shardings, reads
   each device's shards straight onto it: no host copy of the whole model per instance.
   layout "unrolled" (a one-device mesh; see param_layout.py) converts the stacked tree once,
-  on the host before placing a host tree, on the device after restoring a checkpoint."""
+  on the host before placing a host tree, on the device after restoring a checkpoint; a
+  restorer with `unrolled(device)` (engine/reshard.py) gives that tree itself."""
   if layout == "stacked":
     if callable(params):
       shardings = mesh_lib.param_shardings(mesh, params.abstract)
@@ -78,9 +79,12 @@ def place_params(mesh, params, num_layers: int = 0, layout: str = "stacked"):
     return shardings, jax.device_put(params, shardings)
   if mesh.size != 1:
     raise ValueError(f"the {layout} parameter layout needs a one-device mesh, not {mesh.size}")
-  if callable(params):
-    params = params(mesh_lib.param_shardings(mesh, params.abstract))
-  params = param_layout_lib.to_layout(params, num_layers, layout)
+  if hasattr(params, "unrolled"):
+    params = params.unrolled(mesh.devices.flat[0])
+  else:
+    if callable(params):
+      params = params(mesh_lib.param_shardings(mesh, params.abstract))
+    params = param_layout_lib.to_layout(params, num_layers, layout)
   shardings = jax.tree_util.tree_map(lambda _: mesh_lib.replicated(mesh), params)
   return shardings, jax.device_put(params, shardings)
 
@@ -133,12 +137,11 @@ class Instance:
       leaf.delete()
     self.params = self.kv = None
 
-  def load(self, sources: list) -> None:
-    """Parameters resharded from `sources` (stacked trees on the devices: engine/reshard.py)
-    and an empty KV pool and page tables: a standby instance serves again."""
-    from pdjax.engine.reshard import DeviceSource
-    _, self.params = place_params(self.mesh, DeviceSource(sources), self.cfg.num_layers,
-                                  self.param_layout)
+  def load(self, source) -> None:
+    """Parameters resharded from `source` (engine/reshard.py's DeviceSource: the old
+    instances' device arrays), an empty KV pool and page tables: a standby instance serves
+    again."""
+    _, self.params = place_params(self.mesh, source, self.cfg.num_layers, self.param_layout)
     self.kv = self._empty_pool()
     self.tables = BlockTables(self.opts.num_pages, self.opts.page_size)
 

@@ -86,9 +86,7 @@ class EngineRemeshBuilder:
     pages = sum(i.opts.num_pages for i in old)
     self.tps[role].add(tp)
     new, compile_s = [], 0.0
-    t_sources = time.perf_counter()
-    sources = [reshard_lib.stacked_params(i) for i in old]
-    reshard_s = time.perf_counter() - t_sources
+    source, reshard_s = reshard_lib.DeviceSource(old), 0.0
     try:
       with device_errors():
         for k, name in enumerate(names):
@@ -98,13 +96,13 @@ class EngineRemeshBuilder:
           if inst is not None:
             inst.name = name
             new.append(inst)
-            inst.load(sources)
+            inst.load(source)
             jax.block_until_ready(inst.params)
             reshard_s += time.perf_counter() - t0
             continue
           opts = dataclasses.replace(self.opts_by_role[role], num_pages=pages // count)
           inst = Instance(mesh_lib.InstanceSpec(name, role, devs), self.mcfg,
-                          reshard_lib.DeviceSource(sources), opts)
+                          source, opts)
           new.append(inst)
           jax.block_until_ready(inst.params)
           t1 = time.perf_counter()
@@ -123,8 +121,6 @@ class EngineRemeshBuilder:
           inst.unload()
         self.standby[_key(role, inst.mesh.devices.flat)] = inst
       raise
-    finally:
-      reshard_lib.free_stacked_copies(sources, old)
     for inst in new:
       self.prepare(inst)
     self.live = [i for i in self.live if i not in old] + new

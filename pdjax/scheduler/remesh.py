@@ -50,6 +50,7 @@ class _Switch:
     self.parked: list[tuple[Request, str, str]] = []   # (request, fallback, why) to recompute
     self.migrated = self.requeued = self.recomputed = 0
     self.landing: list = []   # (request, old worker, transfer) landing by the rejoin (virtual)
+    self.queued: list = []    # (request, new worker): prefilled KV moved, to transfer after
     self.event = {"t_s": start_s, "role": plan.role,
                   "from": f"{len(old)}x{old[0].tp}", "to": plan.layout, "reason": plan.reason,
                   "drain": drain, "instances_from": [w.name for w in old]}
@@ -188,11 +189,11 @@ class Remesh:
         s.requeued += 1
       old.reserved.clear()
     queue = []
-    for r, src in self.transfer_queue:     # prefilled, waiting for a decode instance
-      if src in s.old:
+    for r, src in self.transfer_queue:     # prefilled, waiting for a decode instance: back
+      if src in s.old:                     # in the queue at the rejoin, its KV landed
         dst = self._move_kv(s, r, src, ends)
         if dst is not None:                # (else it recomputes on dst)
-          queue.append((r, dst))
+          s.queued.append((r, dst))
       else:
         queue.append((r, src))
     self.transfer_queue = type(self.transfer_queue)(queue)
@@ -256,6 +257,8 @@ class Remesh:
     for w in s.new:
       w.paused, w.draining_to = False, None
       self._touch(w)
+    self.transfer_queue.extendleft(reversed([(r, w) for r, w in s.queued
+                                             if not r.status.terminal and r.id in w.tables]))
     s.event.update(ok=True, instances_to=[w.name for w in s.new],
                    phases_s=dict(s.phases))
     self._end_switch(s, resume_old=False)

@@ -159,11 +159,13 @@ def test_rejects_by_reason_and_preemptions():
 
 def test_summarize_extras():
   sw = [{"t": 1.0, "instance": "x", "from": "prefill", "to": "decode"}]
+  remesh = [{"t_s": 2.0, "role": "decode", "from": "2x1", "to": "1x2"}]
   ex = summarize_extras(REQS, duration_s=10.0, steps=STEPS, samples=SAMPLES,
-                        role_switches=sw)
+                        role_switches=sw, remesh_events=remesh)
   assert set(ex) == {"preemptions", "rejects_by_reason", "tiers", "role_switches",
-                     "host_overhead", "host_time", "paths"}
+                     "host_overhead", "host_time", "paths", "remesh_events"}
   assert ex["preemptions"] == 3 and ex["role_switches"] == sw
+  assert ex["remesh_events"] == remesh
   assert ex["tiers"] == tier_stats(STEPS, SAMPLES, 10.0)
 
 
