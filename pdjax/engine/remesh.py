@@ -20,7 +20,7 @@ import jax
 
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import reshard as reshard_lib
-from pdjax.engine.instance import Instance
+from pdjax.engine.instance import Instance, place_params
 from pdjax.engine.runtime import device_errors
 
 
@@ -72,6 +72,7 @@ class EngineRemeshBuilder:
       inst = Instance(spec, self.mcfg, host_params, opts)
       inst.warm_up(prefill=True, decode=True)
       self._warm(inst)
+      self._rehearse(inst)
       inst.unload()
       self.standby[key] = inst
       if progress is not None:
@@ -79,6 +80,23 @@ class EngineRemeshBuilder:
     for inst in self.live:
       self._warm(inst)
     return len(todo)
+
+  def _rehearse(self, standby: Instance) -> None:
+    """Reshards once each way between `standby` and the serving instances on its devices, the
+    results dropped: the small programs a reshard runs (engine/reshard.py) are compiled now,
+    not in the switch."""
+    devices = set(standby.mesh.devices.flat)
+    peers = [i for i in self.live
+             if i.role == standby.role and devices & set(i.mesh.devices.flat)]
+    if not peers:
+      return
+    standby.load(reshard_lib.DeviceSource(peers))
+    for peer in peers:
+      _, params = place_params(peer.mesh, reshard_lib.DeviceSource([standby]),
+                               peer.cfg.num_layers, peer.param_layout)
+      jax.block_until_ready(params)
+      for leaf in jax.tree_util.tree_leaves(params):
+        leaf.delete()
 
   def build(self, old: list, role: str, count: int, tp: int, names: list[str]):
     """(new instances, {"reshard_s", "compile_s"}); DeviceError leaves `old` untouched."""
