@@ -54,6 +54,9 @@ CASES = [
      "config error: cluster.pull_timeout_s=0.0 must be a finite number > 0"),
     (["--config.cluster.launcher=ray", "--config.cluster.ray_accelerator=npu"],
      "config error: cluster.ray_accelerator='npu' is not one of ['auto', 'cpu', 'gpu', 'tpu']"),
+    (["--config.scheduler.role_switch=remesh", "--config.scheduler.remesh_schedule=decode:1x2@1"],
+     "config error: scheduler.remesh_schedule entry 'decode:1x2' needs 2 devices; the decode "
+     "tier has 4"),
     (["--config.scheduler.isl_ratio=1.5"],
      "config error: scheduler.isl_ratio=1.5 must be in (0, 1]"),
     (["--config.output.trace_steps=some"],

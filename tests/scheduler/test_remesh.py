@@ -155,3 +155,34 @@ def test_prefill_remesh_holds_arrivals_until_the_new_instances_join():
   assert held and all(r.prefill_instance == "prefill-m1-0" for r in held)
   assert all(r.prefill_start_s >= joined for r in held)
   assert [r.status for r in reqs].count(Status.REJECTED) == 0
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(role_switch="remesh", remesh_schedule="decode:1x4@1,decode:4x1@2"), None),
+    (dict(role_switch="remesh", remesh_schedule="decode:1x8@1"),
+     "scheduler.remesh_schedule entry 'decode:1x8' needs 8 devices; the decode tier has 4"),
+    (dict(remesh_schedule="decode:1x4@1"),
+     "scheduler.remesh_schedule='decode:1x4@1' needs scheduler.role_switch='remesh'"),
+    (dict(role_switch="remesh", remesh_drain="wait"),
+     "scheduler.remesh_drain='wait' is not one of ['migrate', 'finish']"),
+    (dict(role_switch="remesh", launcher="ray"),
+     "scheduler.role_switch='remesh' needs cluster.launcher=local (re-meshing Ray actors is not "
+     "built yet)"),
+], ids=["fits", "too_many_devices", "without_remesh", "drain", "ray"])
+def test_remesh_config_errors_are_one_line(overrides, message):
+  from pdjax import config as config_lib
+  from pdjax.configs.default import get_config
+  cfg = get_config()
+  cfg.mode = "disaggregated"   # prefill 2 x TP2, decode 2 x TP2: 4 devices each
+  if overrides.pop("launcher", None):
+    cfg.cluster.launcher = "ray"
+  for key, value in overrides.items():
+    cfg.scheduler[key] = value
+  if message is None:
+    config_lib.validate(cfg, device_count=8)
+    assert config_lib.remesh_layouts(cfg, config_lib.model_config(cfg))["decode"] == [(1, 4),
+                                                                                       (4, 1)]
+    return
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(cfg, device_count=8)
+  assert str(e.value) == message
