@@ -155,13 +155,17 @@ def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress):
     dtype_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
     costs = {}
 
+    def cost_of(role, tp):
+      if (role, tp) not in costs:
+        costs[role, tp] = sim_cost(mcfg, tp, proto[role].opts, hardware=cfg.sim.hardware,
+                                   link_gbps=cfg.sim.link_gbps, dtype_bytes=dtype_bytes,
+                                   profile=profile)
+      return costs[role, tp]
+
     def make(name, role, tp, num_pages):
       p = proto[role]
-      if tp not in costs:
-        costs[tp] = sim_cost(mcfg, tp, p.opts, hardware=cfg.sim.hardware,
-                             link_gbps=cfg.sim.link_gbps, dtype_bytes=dtype_bytes,
-                             profile=profile)
-      inst = SimInstance(name, role, costs[tp], dataclasses.replace(p.opts, num_pages=num_pages),
+      inst = SimInstance(name, role, cost_of(role, tp),
+                         dataclasses.replace(p.opts, num_pages=num_pages),
                          clock=p.clock, vocab_size=mcfg.vocab_size, eos_ids=mcfg.eos_token_ids,
                          host=p.host, num_layers=mcfg.num_layers)
       prepare(inst)
@@ -169,7 +173,7 @@ def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress):
     weight_bytes = RooflineCost(mcfg, HARDWARE[cfg.sim.hardware], 1,
                                 dtype_bytes=dtype_bytes).weight_bytes
     compile_s = (profile or {}).get("remesh_compile_s", cfg.sim.get("remesh_compile_s", 1.0))
-    return SimRemeshBuilder(make, weight_bytes, compile_s)
+    return SimRemeshBuilder(make, weight_bytes, compile_s, cost_of)
   from pdjax.engine.remesh import EngineRemeshBuilder
   builder = EngineRemeshBuilder(mcfg, opts_by_role, instances, prepare)
   builder.precompile(layouts, host_params, progress=progress)

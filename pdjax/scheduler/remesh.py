@@ -62,6 +62,10 @@ class Remesh:
     if drain not in ("migrate", "finish"):
       raise ValueError(f"scheduler.remesh_drain must be migrate or finish, got {drain!r}")
     self._remesh_builder, self._remesh_drain = builder, drain
+    policy = self.policies.role_switch
+    cost_of = getattr(builder, "cost_of", None)
+    if hasattr(policy, "cost_of") and cost_of is not None:
+      policy.cost_of, policy.switch_s = cost_of, builder.switch_s   # predicted decisions
     self._switch: _Switch | None = None
     self.remesh_events: list[dict] = []
     self.instances_used = [w.instance for w in self.workers]   # the new ones appended

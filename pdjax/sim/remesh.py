@@ -16,10 +16,13 @@ from __future__ import annotations
 
 class SimRemeshBuilder:
 
-  def __init__(self, make_instance, weight_bytes: float, compile_s: float):
+  def __init__(self, make_instance, weight_bytes: float, compile_s: float, cost_of=None):
     """make_instance(name, role, tp, num_pages) -> a SimInstance ready to serve (the run's
-    prefix cache and host tier attached)."""
+    prefix cache and host tier attached); cost_of(role, tp): the cost model of an instance
+    of that TP (the load-driven remesh policy predicts layouts with it)."""
     self.make_instance, self.weight_bytes, self.compile_s = make_instance, weight_bytes, compile_s
+    self.cost_of = cost_of
+    self.switch_s = compile_s   # what the policy expects a switch to take (reshard aside)
 
   def reshard_bytes(self, tp_old: int, tp_new: int) -> float:
     """Bytes each device receives (see the module's docstring)."""

@@ -186,3 +186,52 @@ def test_remesh_config_errors_are_one_line(overrides, message):
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(cfg, device_count=8)
   assert str(e.value) == message
+
+
+class _Cost:
+  """Hand-set step costs: prefill `per_token` s per prompt token, decode `per_seq` s per
+  sequence plus `per_ctx` s per context token."""
+
+  def __init__(self, per_token=0.0, per_seq=0.0, per_ctx=0.0):
+    self.per_token, self.per_seq, self.per_ctx = per_token, per_seq, per_ctx
+
+  def prefill_s(self, chunks):
+    return sum(q for q, _ in chunks) * self.per_token
+
+  def decode_s(self, contexts):
+    return len(contexts) * self.per_seq + sum(contexts) * self.per_ctx
+
+
+class _Worker:
+  def __init__(self, tp, waiting=(), running=(), max_batch=4):
+    self.tp, self.waiting, self.running, self.max_batch = tp, list(waiting), list(running), max_batch
+
+
+def test_costed_prefill_layout_switches_only_when_it_pays_for_the_switch():
+  from pdjax.scheduler.policies.remesh_costs import prefill_layout
+  costs = {1: _Cost(per_token=1e-4), 2: _Cost(per_token=0.3e-4)}
+  cost_of = lambda role, tp: costs[tp]
+  tier = [_Worker(1, [_req(0, 4000, 1)]), _Worker(1, [_req(1, 4000, 1)])]
+  layouts = [(2, 1), (1, 2)]
+  # now: (0.4 + 0.4) / 2 = 0.40 s; merged: 0.12 + 0.12 = 0.24 s, + the switch
+  assert prefill_layout(tier, layouts, cost_of, switch_s=0.05) == (
+      1, 2, "2 queued prompts drain in 0.29 s (switch included) instead of 0.40 s")
+  assert prefill_layout(tier, layouts, cost_of, switch_s=0.1) is None   # 0.34 >= 0.8 x 0.40
+  assert prefill_layout([_Worker(1), _Worker(1)], layouts, cost_of, switch_s=0.0) is None
+
+
+def test_costed_decode_layout_serves_the_sequences_within_the_tpot_slo():
+  from pdjax.scheduler.policies.remesh_costs import decode_layout
+  costs = {1: _Cost(per_seq=1e-3, per_ctx=1e-6), 2: _Cost(per_seq=1e-3 / 3, per_ctx=1e-6 / 3)}
+  cost_of = lambda role, tp: costs[tp]
+  tier = [_Worker(1, running=[_req(i, 1000, 8), _req(i + 1, 1000, 8)]) for i in (0, 2)]
+  for w in tier:
+    for r in w.running:
+      r.output_ids = [5]      # context 1001 each
+  layouts = [(2, 1), (1, 2)]
+  # now: each instance 2 x (1 ms + 1.001 ms) = 4.0 ms > 0.9 x 4 ms; merged: 4 sequences in
+  # one TP2 instance, a third of 8.0 ms = 2.7 ms, and they fit its 4 slots
+  assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.004, backlog=0) == (
+      1, 2, "4 sequences: predicted step 2.7 ms in 1x2, 4.0 ms now")
+  assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.004, backlog=1) is None   # 5 > 4
+  assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.01, backlog=0) is None    # served

@@ -13,7 +13,11 @@ passed since the last re-mesh began:
                 (long documents: a wider instance prefills each faster, TTFT); split when more
                 prompts wait than instances and they average under it (many short chats).
 
-A layout must cover the tier's devices (count x TP constant) with a TP in `allowed_tps`; a tier
+When the builder knows every layout's step costs (the simulator; the engine with
+`scheduler.latency_profile`), the decision is predicted instead (policies/remesh_costs.py):
+switch to a layout predicted to drain the queued prompts faster by more than the switch
+costs, or to serve the decode tier's sequences within the TPOT SLO when the current one does
+not. A layout must cover the tier's devices (count x TP constant) with a TP in `allowed_tps`; a tier
 is never left empty (count >= 1). Pure Python."""
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from pdjax.scheduler.policies import remesh_costs
 from pdjax.scheduler.policies.base import RoleSwitchPolicy
 
 _ENTRY = re.compile(r"^(prefill|decode):(\d+)x(\d+)@([0-9]*\.?[0-9]+)$")
@@ -84,6 +89,8 @@ class Remesh(RoleSwitchPolicy):
     self._next = 0                       # the next schedule entry
     self._last_check = float("-inf")
     self._last_remesh = float("-inf")
+    self.cost_of = None    # (role, tp) -> a step-cost model; set by the driver from the
+    self.switch_s = 0.0    # builder, with a switch's expected seconds (remesh_costs.py)
 
   def remesh(self, now: float, prefill_tier: list, decode_tier: list,
              transfer_backlog: int) -> RemeshPlan | None:
@@ -98,8 +105,11 @@ class Remesh(RoleSwitchPolicy):
     if now - self._last_check < self.interval_s or now - self._last_remesh < self.cooldown_s:
       return None
     self._last_check = now
-    plan = (self._decode_plan(decode_tier, transfer_backlog)
-            or self._prefill_plan(prefill_tier))
+    if self.cost_of is not None:
+      plan = self._planned_by_costs(prefill_tier, decode_tier, transfer_backlog)
+    else:
+      plan = (self._decode_plan(decode_tier, transfer_backlog)
+              or self._prefill_plan(prefill_tier))
     if plan is not None:
       self._last_remesh = now
     return plan
@@ -116,6 +126,25 @@ class Remesh(RoleSwitchPolicy):
     if tp < 1 or tp not in self.allowed_tps or devices % tp or tp == tier[0].tp:
       return None
     return devices // tp, tp
+
+  def _layouts(self, tier: list) -> list[tuple[int, int]]:
+    devices = sum(w.tp for w in tier)
+    return [(devices // tp, tp) for tp in self.allowed_tps if devices % tp == 0]
+
+  def _planned_by_costs(self, prefill_tier: list, decode_tier: list,
+                        backlog: int) -> RemeshPlan | None:
+    for role, tier in (("decode", decode_tier), ("prefill", prefill_tier)):
+      if not tier or len({w.tp for w in tier}) != 1:
+        continue
+      if role == "decode":
+        found = remesh_costs.decode_layout(tier, self._layouts(tier), self.cost_of,
+                                           self.slo_tpot_s, backlog)
+      else:
+        found = remesh_costs.prefill_layout(tier, self._layouts(tier), self.cost_of,
+                                            self.switch_s)
+      if found is not None:
+        return RemeshPlan(role, found[0], found[1], found[2])
+    return None
 
   def _decode_plan(self, tier: list, backlog: int) -> RemeshPlan | None:
     intervals = [w.token_interval_s for w in tier if w.token_interval_s is not None]
