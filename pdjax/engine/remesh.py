@@ -39,6 +39,8 @@ class EngineRemeshBuilder:
     self.standby: dict[tuple, Instance] = {}
     self.tps = {role: {i.tp for i in instances if i.role == role} for role in ("prefill",
                                                                               "decode")}
+    self.cost_of = None     # (role, tp) -> step costs, when a latency profile gives them
+    self.switch_s = 0.0     # the longest rehearsed reshard (what a switch is expected to take)
 
   def _devices(self, role: str) -> list:
     return [d for i in self.live if i.role == role for d in i.mesh.devices.flat]
@@ -90,7 +92,10 @@ class EngineRemeshBuilder:
              if i.role == standby.role and devices & set(i.mesh.devices.flat)]
     if not peers:
       return
+    t0 = time.perf_counter()
     standby.load(reshard_lib.DeviceSource(peers))
+    jax.block_until_ready(standby.params)
+    self.switch_s = max(self.switch_s, time.perf_counter() - t0)
     for peer in peers:
       _, params = place_params(peer.mesh, reshard_lib.DeviceSource([standby]),
                                peer.cfg.num_layers, peer.param_layout)

@@ -177,6 +177,11 @@ def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress):
   from pdjax.engine.remesh import EngineRemeshBuilder
   builder = EngineRemeshBuilder(mcfg, opts_by_role, instances, prepare)
   builder.precompile(layouts, host_params, progress=progress)
+  profile = config_lib.latency_profile(cfg, mcfg)
+  if profile is not None:   # the load-driven policy predicts layouts from it
+    from pdjax.sim.calibrated import cost_from_profile
+    builder.cost_of = lambda role, tp: (cost_from_profile(profile, tp, opts_by_role[role])
+                                        if str(tp) in profile["instances"] else None)
   return builder
 
 

@@ -26,6 +26,11 @@ def _spread(contexts: list[int], count: int) -> list[list[int]]:
   return groups
 
 
+def _costed(layouts, role: str, cost_of) -> list[tuple[int, int]]:
+  """The layouts whose TP has a cost model (a calibration profile may lack some TPs)."""
+  return [lay for lay in layouts if cost_of(role, lay[1]) is not None]
+
+
 def prefill_layout(tier: list, layouts: list[tuple[int, int]], cost_of, switch_s: float):
   """(count, tp, reason) of a better prefill layout, or None."""
   prompts = [r.prefill_len - r.num_computed_tokens for w in tier for r in w.waiting]
@@ -37,6 +42,9 @@ def prefill_layout(tier: list, layouts: list[tuple[int, int]], cost_of, switch_s
     return sum(cost.prefill_s([(n, 0)]) for n in prompts) / count
 
   current = (len(tier), tier[0].tp)
+  layouts = _costed(layouts, "prefill", cost_of)
+  if current not in layouts:
+    return None
   now_s = drain(*current)
   best = min((lay for lay in layouts if lay != current), key=lambda lay: drain(*lay),
              default=None)
@@ -68,7 +76,8 @@ def decode_layout(tier: list, layouts: list[tuple[int, int]], cost_of, slo_tpot_
     return len(wanted) <= count * max_batch and step(count, tp) <= 0.9 * slo_tpot_s
 
   current = (len(tier), tier[0].tp)
-  if serves(*current):
+  layouts = _costed(layouts, "decode", cost_of)
+  if current not in layouts or serves(*current):
     return None
   good = [lay for lay in layouts if lay != current and serves(*lay)]
   if not good:
