@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 
+from pdjax.config_remesh import remesh_error
 from pdjax.kv.host_tier import HOST_TIER_POLICIES
 from pdjax.kv.prefix_cache import EVICTION_POLICIES
 from pdjax.models.llama_config import PRESETS, LlamaConfig, config_from_hf
@@ -181,65 +182,6 @@ def _check_launcher(cfg) -> None:
            c.get("transfer_host"), "must name an address to listen on")
 
 
-def remesh_tps(cfg, mcfg) -> tuple[int, ...]:
-  """The TPs a re-mesh may give an instance: those dividing the model's heads, KV heads and
-  MLP width (and 1 with model.param_layout='unrolled')."""
-  if cfg.model.get("param_layout", "auto") == "unrolled":
-    return (1,)
-  return tuple(tp for tp in (1, 2, 4, 8, 16, 32, 64)
-               if not (mcfg.num_kv_heads % tp or mcfg.num_heads % tp
-                       or mcfg.intermediate_size % tp))
-
-
-def remesh_layouts(cfg, mcfg) -> dict[str, list[tuple[int, int]]]:
-  """{role: [(instances, tp)]}: the layouts a run with role_switch=remesh may switch each tier
-  to (the schedule's; without one, every allowed TP dividing the tier's devices)."""
-  from pdjax.scheduler.policies.remesh import parse_schedule
-  c = cfg.cluster
-  devices = {role: c[role].instances * c[role].tp for role in ("prefill", "decode")}
-  text = cfg.scheduler.get("remesh_schedule", "")
-  if text:
-    out: dict[str, list[tuple[int, int]]] = {"prefill": [], "decode": []}
-    for _, role, count, tp in parse_schedule(text):
-      if (count, tp) not in out[role]:
-        out[role].append((count, tp))
-    return out
-  return {role: [(n // tp, tp) for tp in remesh_tps(cfg, mcfg) if n % tp == 0]
-          for role, n in devices.items()}
-
-
-def _check_remesh(cfg, mcfg) -> None:
-  s = cfg.scheduler
-  drain = s.get("remesh_drain", "migrate")
-  _require(drain in ("migrate", "finish"), "scheduler.remesh_drain", drain,
-           "is not one of ['migrate', 'finish']")
-  text = s.get("remesh_schedule", "")
-  _require(not text or s.role_switch == "remesh", "scheduler.remesh_schedule", text,
-           "needs scheduler.role_switch='remesh'")
-  _require(s.get("remesh_cooldown_s", 5.0) >= 0, "scheduler.remesh_cooldown_s",
-           s.get("remesh_cooldown_s"), "must be >= 0")
-  _require(cfg.sim.get("remesh_compile_s", 1.0) >= 0, "sim.remesh_compile_s",
-           cfg.sim.get("remesh_compile_s"), "must be >= 0")
-  if s.role_switch != "remesh":
-    return
-  _require(launcher(cfg) == "local", "scheduler.role_switch", "remesh",
-           "needs cluster.launcher=local (re-meshing Ray actors is not built yet)")
-  _require(not cfg.kv.get("stream_layers", 0), "scheduler.role_switch", "remesh",
-           "does not combine with kv.stream_layers yet")
-  from pdjax.scheduler.policies.remesh import schedule_error
-  c = cfg.cluster
-  devices = {role: c[role].instances * c[role].tp for role in ("prefill", "decode")}
-  tps = remesh_tps(cfg, mcfg)
-  error = schedule_error(text, devices, tps) if text else None
-  if error:
-    raise ConfigError(error)
-  layouts = remesh_layouts(cfg, mcfg)
-  for p in {c.prefill.tp} | {tp for _, tp in layouts["prefill"]}:
-    for d in {c.decode.tp} | {tp for _, tp in layouts["decode"]}:
-      _require(p % d == 0 or d % p == 0, "scheduler.remesh_schedule", text,
-               f"gives prefill TP{p} and decode TP{d}: one must divide the other to move KV")
-
-
 def _check_buckets(key: str, buckets) -> None:
   ok = (len(buckets) > 0 and all(isinstance(b, int) and b > 0 for b in buckets)
         and list(buckets) == sorted(set(buckets)))
@@ -326,7 +268,9 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
     _require(layout != "unrolled" or tier.tp == 1, f"cluster.{role}.tp", tier.tp,
              "must be 1 with model.param_layout='unrolled'")
   _check_launcher(cfg)
-  _check_remesh(cfg, mcfg)
+  error = remesh_error(cfg, mcfg)
+  if error:
+    raise ConfigError(error)
   p, d = cfg.cluster.prefill.tp, cfg.cluster.decode.tp
   _require(p % d == 0 or d % p == 0, "cluster.decode.tp", d,
            f"and cluster.prefill.tp={p}: one must divide the other to move KV")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from pdjax import config as config_lib
+from pdjax import config_remesh
 from pdjax.engine import options as options_lib
 
 
@@ -34,7 +35,7 @@ def policies_for(cfg, run: str, opts):
                 remesh_schedule=sc.get("remesh_schedule", ""),
                 remesh_cooldown_s=sc.get("remesh_cooldown_s", 5.0))
   if sc.role_switch == "remesh":
-    params["allowed_tps"] = config_lib.remesh_tps(cfg, config_lib.model_config(cfg))
+    params["allowed_tps"] = config_remesh.remesh_tps(cfg, config_lib.model_config(cfg))
   return policy_lib.build(names, params, seed=cfg.seed)
 
 
@@ -142,7 +143,7 @@ def _preparer(cfg, mcfg):
 def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress):
   """scheduler.role_switch=remesh: the simulator's builder (modelled phases) or the engine's,
   its standby instances for the allowed layouts compiled now (engine/remesh.py)."""
-  layouts = config_lib.remesh_layouts(cfg, mcfg)
+  layouts = config_remesh.remesh_layouts(cfg, mcfg)
   opts_by_role = {i.role: i.opts for i in instances}
   if cfg.backend == "sim":
     import dataclasses

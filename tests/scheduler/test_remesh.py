@@ -171,6 +171,7 @@ def test_prefill_remesh_holds_arrivals_until_the_new_instances_join():
 ], ids=["fits", "too_many_devices", "without_remesh", "drain", "ray"])
 def test_remesh_config_errors_are_one_line(overrides, message):
   from pdjax import config as config_lib
+  from pdjax import config_remesh
   from pdjax.configs.default import get_config
   cfg = get_config()
   cfg.mode = "disaggregated"   # prefill 2 x TP2, decode 2 x TP2: 4 devices each
@@ -180,7 +181,7 @@ def test_remesh_config_errors_are_one_line(overrides, message):
     cfg.scheduler[key] = value
   if message is None:
     config_lib.validate(cfg, device_count=8)
-    assert config_lib.remesh_layouts(cfg, config_lib.model_config(cfg))["decode"] == [(1, 4),
+    assert config_remesh.remesh_layouts(cfg, config_lib.model_config(cfg))["decode"] == [(1, 4),
                                                                                        (4, 1)]
     return
   with pytest.raises(config_lib.ConfigError) as e:
