@@ -116,6 +116,15 @@ class Remesh:
     old = [w for w in self.tier(plan.role)]
     if not old:
       return
+    dead = [w.name for w in self.workers if w.role == plan.role and w.dead and not w.retired]
+    if dead:   # its devices are not all there to re-mesh: the switch is called off
+      self.remesh_events.append({
+          "t_s": now, "role": plan.role, "from": f"{len(old)}x{old[0].tp}", "to": plan.layout,
+          "reason": plan.reason, "drain": self._remesh_drain,
+          "instances_from": [w.name for w in old], "ok": False,
+          "error": f"the {plan.role} tier has dead instances: {', '.join(dead)}",
+          "phases_s": {}, "total_s": 0.0, "migrated": 0, "requeued": 0, "recomputed": 0})
+      return
     devices = sum(w.tp for w in old)
     if plan.count * plan.tp != devices:
       raise ValueError(f"re-mesh {plan.role}:{plan.layout} needs {plan.count * plan.tp} "

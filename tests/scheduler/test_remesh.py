@@ -236,3 +236,17 @@ def test_costed_decode_layout_serves_the_sequences_within_the_tpot_slo():
       1, 2, "4 sequences: predicted step 2.7 ms in 1x2, 4.0 ms now")
   assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.004, backlog=1) is None   # 5 > 4
   assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.01, backlog=0) is None    # served
+
+
+def test_a_remesh_of_a_tier_with_a_dead_instance_is_called_off():
+  from pdjax.faults.injector import FaultInjector
+  from pdjax.faults.spec import FaultSpec
+  driver, builder, _ = _driver("decode:1x2@0.25")
+  driver.injector = FaultInjector(FaultSpec(kills=(("decode-1", 0.1),)))
+  driver._schedule(0.1, "kill", "decode-1")
+  reqs = [_req(i, 4, 8, arrival=0.05 * i) for i in range(8)]
+  result = driver.run(reqs)
+  _check_done(result, reqs)
+  ev, = result.remesh_events
+  assert (ev["ok"], ev["error"]) == (False, "the decode tier has dead instances: decode-1")
+  assert builder.built == []
