@@ -65,7 +65,9 @@ def test_streamed_through_actors_equals_hf(ray_cluster, hf_llama, hf_outputs, ti
   # float32: 4096 bytes a page, summed over the groups).
   assert all(r.transfer_start_s < r.prefill_end_s for r in result.requests)
   assert [len(r.transfer_group_ends_s) for r in result.requests] == [groups] * len(PROMPTS)
-  assert all(r.transfer_group_ends_s[-1] == r.transfer_s for r in result.requests)
+  # (the groups' pulls run at once: the driver may see a later group land first, so the
+  # transfer ends with the last group seen, not necessarily the last group)
+  assert all(max(r.transfer_group_ends_s) == r.transfer_s for r in result.requests)
   assert [r.transfer_bytes for r in result.requests] == [-(-len(p) // 8) * 4096 for p in PROMPTS]
   assert len(result.transfers) == len(PROMPTS) and all(t["ok"] for t in result.transfers)
 
