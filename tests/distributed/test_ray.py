@@ -62,6 +62,10 @@ def test_cli_ray_run_equals_local_and_stops_its_ray(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pdjax.run", "--config=configs/default.py:smoke",
          "--config.mode=disaggregated", f"--config.cluster.launcher={launcher}",
+         # one TP1 instance per tier: two actor processes, not four (the points here are
+         # the launcher, the cross-process KV and the clean stop; TP2 actors are tested below)
+         "--config.cluster.prefill.instances=1", "--config.cluster.prefill.tp=1",
+         "--config.cluster.decode.instances=1", "--config.cluster.decode.tp=1",
          "--config.cluster.transfer_host=node",   # the actors' node address, as multi-host
          f"--workdir={workdir}", "--config.progress=False",
          f"--config.compile_cache_dir={os.environ['PDJAX_TEST_COMPILE_CACHE']}"],
