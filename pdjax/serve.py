@@ -96,7 +96,7 @@ def main(argv) -> None:
       print("stopped while starting: nothing was served", flush=True)
       return
     result, error = engine.result, engine.error
-    summary = summarize_run(cfg, run, result, engine.instances)
+    summary = summarize_run(cfg, run, result, result.instances or engine.instances)
     summary["run_info"] = run_info_of(cfg, mcfg, run, workload={
         "kind": "http", "requests": len(result.requests)})
   write_outputs(workdir, cfg, run, summary, result, requests_written=True)

@@ -123,7 +123,8 @@ class DriverBridge:
         self.startup.finished()
         self._ready_event.set()
       self.result = self.driver.run([], inbox=self.inbox, listener=self)
-      serve_requests.check_end_state(self.result, self.instances)
+      # (every instance the run used: a re-mesh may have replaced some)
+      serve_requests.check_end_state(self.result, self.result.instances or self.instances)
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by stop())
       self._crashed(e)
 
