@@ -3,6 +3,7 @@ merge (k x TP1 -> 1 x TPk) and the split back take while requests decode, phase 
 and whether any token changed.
 
   python benchmarks/remesh_engine.py [--model=tiny|smollm2] [--requests=8] [--max-new=48]
+      [--param-layout=auto|stacked]
 
 One prefill instance at TP1 and a decode tier of k TP1 instances (tiny: k=2; SmolLM2-135M:
 k=3, its 3 KV heads allow TP 1 or 3) on simulated CPU devices. Start-up builds the instances
@@ -68,6 +69,8 @@ def main(argv=None) -> int:
   ap.add_argument("--model", default="tiny", choices=("tiny", "smollm2"))
   ap.add_argument("--requests", type=int, default=8)
   ap.add_argument("--max-new", type=int, default=48)
+  ap.add_argument("--param-layout", default="auto", choices=("auto", "stacked"),
+                  help="model.param_layout (auto: CPU TP1 instances unrolled)")
   args = ap.parse_args(argv)
   t_cmd = time.perf_counter()
   import jax
@@ -80,7 +83,8 @@ def main(argv=None) -> int:
   enable_compile_cache(os.path.expanduser("~/.cache/pdjax/xla"))
   cfg, params, k = _model(args.model)
   opts = EngineOptions(page_size=16, num_pages=256, max_model_len=512, prefill_buckets=(128,),
-                       max_prefill_seqs=4, decode_buckets=(4, 8, 16), dtype="float32", seed=0)
+                       max_prefill_seqs=4, decode_buckets=(4, 8, 16), dtype="float32", seed=0,
+                       param_layout=args.param_layout)
   t0 = time.perf_counter()
   instances = build_instances([("prefill", 1, 1), ("decode", k, 1)], cfg, params, opts)
   builder = EngineRemeshBuilder(cfg, {"prefill": opts, "decode": opts}, instances)
@@ -116,7 +120,8 @@ def main(argv=None) -> int:
   print(f"# re-mesh on the real engine: model={args.model} ({cfg.num_layers} layers), "
         f"backend={device.platform} ({jax.device_count()} devices), jax {jax.__version__}, "
         f"float32; 1 prefill x TP1 + decode {k} x TP1 <-> 1 x TP{k}; "
-        f"{args.requests} requests at t=0, {args.max_new} tokens each, greedy")
+        f"{args.requests} requests at t=0, {args.max_new} tokens each, greedy; param_layout "
+        f"{args.param_layout}")
   print(f"start-up: instances built {build_s:.2f} s, standby TP{k} instance {standby_s:.2f} s")
   for e in result.remesh_events:
     phases = ", ".join(f"{p} {s * 1e3:.1f}" for p, s in e["phases_s"].items())
