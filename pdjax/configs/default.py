@@ -107,9 +107,10 @@ def get_config(arg=None):
   c.scheduler.max_queue = 32                    # queue_bound: waiting requests per instance
   c.scheduler.role_switch_interval_s = 1.0      # queue_balance: how often it looks
   c.scheduler.role_switch_queued_tokens = 1024  # queue_balance: prefill backlog per instance
-  c.scheduler.remesh_schedule = ""              # remesh: scripted, e.g. "decode:1x2@1.5,decode:2x1@4"
-                                                #   (at 1.5 s the decode tier becomes 1 instance
-                                                #   at TP2...); "" = decided from the load
+  c.scheduler.remesh_schedule = ""              # remesh: scripted, e.g.
+                                                #   "decode:1x2@1.5,decode:2x1@4" (at 1.5 s the
+                                                #   decode tier becomes 1 instance at TP2...);
+                                                #   "" = decided from the load
   c.scheduler.remesh_drain = "migrate"          # remesh: migrate (running requests' KV moves to
                                                 #   the new instances) | finish (they finish first)
   c.scheduler.remesh_cooldown_s = 5.0           # remesh from the load: seconds between re-meshes

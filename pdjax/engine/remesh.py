@@ -133,10 +133,8 @@ class EngineRemeshBuilder:
           inst.warm_up(prefill=True, decode=True)
           compile_s += time.perf_counter() - t1
         t0 = time.perf_counter()
-        for inst in new + [i for i in self.live if i not in old]:
-          self._warm(inst)      # transfers to the new TP (and, for migrations, from the old)
-        for inst in old:
-          self._warm(inst)
+        for inst in new + self.live:   # transfers to the new TP (the old instances' too:
+          self._warm(inst)             # they send their requests' KV to the new ones)
         compile_s += time.perf_counter() - t0
     except BaseException:
       for inst in new:

@@ -119,8 +119,7 @@ class DeviceSource:
       if name != "layers":
         keys = ["params", name]
         out[name] = jax.tree_util.tree_map_with_path(
-            lambda path, x, keys=keys: self._whole_on(keys + [k.key for k in path], device, None),
-            tree)
+            lambda path, x, keys=keys: self._whole_on(keys + [k.key for k in path], device), tree)
     layers = jax.tree_util.tree_map_with_path(   # leaf -> its per-layer arrays
         lambda path, x: self._layers_on(["params", "layers"] + [k.key for k in path], device),
         self.abstract["params"]["layers"])
@@ -142,7 +141,7 @@ class DeviceSource:
       return [jax.device_put(a, device, may_alias=False) for a in self._layer_arrays(inst, keys)]
     return _unstack(jax.device_put(_get(inst.params, keys), device, may_alias=False))
 
-  def _whole_on(self, keys, device, layer):
+  def _whole_on(self, keys, device):
     """Non-layer leaf `keys` whole on `device`: an old instance's own copy there, else sent
     from the first old instance."""
     for inst in self.old:

@@ -8,8 +8,8 @@ transfer (the KV transfer gap), wait_decode (transfer end, or prefill end, -> de
 start; only when positive) and decode (decode start -> finish); a phase with a None
 timestamp is left out. Rejected and failed requests get an instant event at finish_s.
 Page-pool occupancy is a counter track per instance on process 1. Process 3 "re-meshes" (a run
-with scheduler.role_switch=remesh): a track per tier, a span per phase of each re-mesh. Steps recorded with host
-timing (the driver's) add a "<instance> host" thread with the host's plan, dispatch and readback
+with scheduler.role_switch=remesh): a track per tier, a span per phase of each re-mesh. Steps
+recorded with host timing (the driver's) add a "<instance> host" thread with the host's plan, dispatch and readback
 around each step, and "waiting for host" spans on the instance's thread where its device idled
 with work to do (pdjax.metrics.host_time). Timestamps are microseconds on the run's clock.
 

@@ -129,9 +129,11 @@ def _preparer(cfg, mcfg):
                  gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s,
                  cfg.kv.get("host_tier_handoff", "transfer"))
 
+  if profile is not None:   # (scheduler/policies/latency_model.py)
+    from pdjax.sim.calibrated import cost_from_profile
+
   def prepare(inst) -> None:
-    if profile is not None:   # (scheduler/policies/latency_model.py)
-      from pdjax.sim.calibrated import cost_from_profile
+    if profile is not None:
       inst.cost = cost_from_profile(profile, inst.tp, inst.opts)
     if cfg.kv.prefix_cache:
       inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)
@@ -143,8 +145,6 @@ def _preparer(cfg, mcfg):
 def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress):
   """scheduler.role_switch=remesh: the simulator's builder (modelled phases) or the engine's,
   its standby instances for the allowed layouts compiled now (engine/remesh.py)."""
-  layouts = config_remesh.remesh_layouts(cfg, mcfg)
-  opts_by_role = {i.role: i.opts for i in instances}
   if cfg.backend == "sim":
     import dataclasses
     from pdjax.sim.hardware import HARDWARE
@@ -176,8 +176,9 @@ def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress):
     compile_s = (profile or {}).get("remesh_compile_s", cfg.sim.get("remesh_compile_s", 1.0))
     return SimRemeshBuilder(make, weight_bytes, compile_s, cost_of)
   from pdjax.engine.remesh import EngineRemeshBuilder
+  opts_by_role = {i.role: i.opts for i in instances}
   builder = EngineRemeshBuilder(mcfg, opts_by_role, instances, prepare)
-  builder.precompile(layouts, host_params, progress=progress)
+  builder.precompile(config_remesh.remesh_layouts(cfg, mcfg), host_params, progress=progress)
   profile = config_lib.latency_profile(cfg, mcfg)
   if profile is not None:   # the load-driven policy predicts layouts from it
     from pdjax.sim.calibrated import cost_from_profile

@@ -43,8 +43,9 @@ def make_driver(mode: str, instances: list, policies=None, clock=None, transfer_
   switching). clock and transfer_fn default to the real engine's (wall clock, device KV
   transfer); the simulator passes its virtual clock and simulated transfer. injector: a
   FaultInjector (default: no faults); spill_dir: where a long-lived run keeps its records
-  (Driver); remesh_builder / remesh_drain: re-meshing (scheduler/remesh.py); overrides: DriverOptions fields (shared_salt, lease_s, vocab_size, ...; overlap
-  also takes "auto", the default: see `resolve_overlap`)."""
+  (Driver); remesh_builder / remesh_drain: re-meshing (scheduler/remesh.py); overrides:
+  DriverOptions fields (shared_salt, lease_s, vocab_size, ...; overlap also takes "auto", the
+  default: see `resolve_overlap`)."""
   opts = instances[0].opts
   overrides["overlap"] = resolve_overlap(overrides.get("overlap", "auto"), instances)
   max_batch = max(opts.decode_buckets)

@@ -159,8 +159,7 @@ class Remesh:
       instances, phases = self._remesh_builder.build([w.instance for w in s.old], s.plan.role,
                                                      s.plan.count, s.plan.tp, names)
     except DeviceError as e:   # the old instances serve on
-      s.event.update(ok=False, error=f"{type(e).__name__}: {e}",
-                     phases_s=dict(s.phases, **getattr(e, "phases", {})))
+      s.event.update(ok=False, error=f"{type(e).__name__}: {e}", phases_s=dict(s.phases))
       self._end_switch(s, resume_old=True)
       return
     s.phases.update(reshard=phases["reshard_s"], compile=phases["compile_s"])
@@ -221,7 +220,7 @@ class Remesh:
     tokens = src.tables.tokens_of(r.id)
     dst = max(s.new, key=lambda w: w.free_pages())
     src_pages = src.tables.block_table(r.id)
-    why = None
+    why, lands_later = None, False
     if not dst.tables.can_allocate(tokens):
       why = "no new instance's pool can hold its KV"
     else:
@@ -232,6 +231,7 @@ class Remesh:
           if getattr(result, "end_s", None) is not None:   # virtual: lands by the rejoin
             ends.append(result.end_s)
             s.landing.append((r, src, result))
+            lands_later = True
           else:
             result = result.result()
       except DeviceError as e:
@@ -239,7 +239,7 @@ class Remesh:
         dst.tables.free(r.id, now)
     if why is None:
       s.migrated += 1
-      if not s.landing or s.landing[-1][0] is not r:
+      if not lands_later:                  # (else its source pages go at the rejoin)
         src.tables.free(r.id, now)
       return dst
     src.tables.free(r.id, now)

@@ -117,8 +117,8 @@ def test_finish_drain_lets_old_instances_finish_their_requests():
   assert ev["migrated"] == 0 and ev["requeued"] == 0 and ev["ok"]
   t_join = ev["t_s"] + ev["total_s"]
   for r in reqs:   # nothing moved: each decoded where its KV first landed
-    assert r.decode_instance == ("decode-m1-0" if r.decode_start_s >= t_join else
-                                 r.decode_instance)
+    if r.decode_start_s >= t_join:
+      assert r.decode_instance == "decode-m1-0"
     if r.decode_start_s < ev["t_s"]:
       assert r.decode_instance in ("decode-0", "decode-1")
   assert any(r.decode_instance == "decode-m1-0" for r in reqs)
@@ -205,7 +205,8 @@ class _Cost:
 
 class _Worker:
   def __init__(self, tp, waiting=(), running=(), max_batch=4):
-    self.tp, self.waiting, self.running, self.max_batch = tp, list(waiting), list(running), max_batch
+    self.tp, self.max_batch = tp, max_batch
+    self.waiting, self.running = list(waiting), list(running)
 
 
 def test_costed_prefill_layout_switches_only_when_it_pays_for_the_switch():
