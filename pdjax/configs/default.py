@@ -183,6 +183,8 @@ def get_config(arg=None):
   c.plan.map_full_budget = True            # only placements using all chip_budget chips
   c.plan.map_max_disagg = 0                # at most N disaggregated placements (0: all)
   c.plan.map_runs = ""                     # a previous map's DIR: re-evaluate its runs only
+  c.plan.map_hybrid = ""                   # hybrid splits (decode may prefill locally) scored
+                                           #   with: isl_bounding,slo_headroom ("" = none)
   c.plan.workers = 0                       # processes for the searches / map walks (0: one per
                                            #   core, 1: in-process); results do not depend on it
 

@@ -8,7 +8,9 @@ all-reduces charged), four length mixes (pdjax/planning/mixes.py: sharegpt, long
 stand-ins for the Azure 2023 conversation and code traces), Poisson arrivals. For every
 (TTFT, TPOT) target pair of the grid below: the best per-chip goodput at 90% attainment of
 colocated (prefill first), chunked-prefill and disaggregated placements, which wins and by how
-much. Results and reading: experiments/where_disagg_wins/README.md.
+much. Results and reading: experiments/where_disagg_wins/README.md. With
+`--config.plan.map_hybrid=isl_bounding,slo_headroom` the map also scores hybrid splits (decode
+instances that may prefill locally) by Dynamo's rule and by predicted SLO headroom.
 
 The default (same as `:8b`) maps Llama-3-8B (TP1); `:70b` maps Llama-3-70B with its two
 smallest TP degrees that keep room for KV, every disaggregated split of the 8 chips (mixed TP
@@ -27,6 +29,8 @@ def get_config(arg=None):
   simulate_published_shape(c, "llama3_8b", "h100", max_model_len=8192,   # a whole 8k prompt
                            prefill_buckets=(512, 2048, 8192))         # fits one prefill step
   c.scheduler.chunk_budget = 512                    # chunked prefill: 512 tokens per step
+  c.scheduler.length_threshold = 2048   # isl_bounding (plan.map_hybrid): Dynamo's defaults,
+  c.scheduler.isl_ratio = 0.7           #   local when eff_isl < 2048 and < 0.7 x the prompt
   c.workload.preset = "lognormal"           # the mixes set the lengths (planning/mixes.py)
   c.workload.rate = 2.0
   c.workload.num_requests = 400

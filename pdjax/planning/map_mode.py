@@ -35,10 +35,11 @@ import time
 import numpy as np
 
 from pdjax.config import ConfigError
-from pdjax.planning import (capacity, map_output, map_walks, mixes, placement_runs,
-                            workload_mix)
+from pdjax.planning import (capacity, map_hybrid, map_output, map_runs, map_walks, mixes,
+                            placement_runs, workload_mix)
 from pdjax.planning.map_search import Lattice, map_placements
-from pdjax.planning.slo_grid import RunRecord, cells
+from pdjax.planning.search import Placement
+from pdjax.planning.slo_grid import HYBRID, cells
 
 
 @dataclasses.dataclass
@@ -50,6 +51,7 @@ class MapSettings:
   tpot_grid: list
   lattice: Lattice
   rate_start: float
+  hybrid: list = dataclasses.field(default_factory=list)   # plan.map_hybrid's path policies
 
 
 def _names(value: str, default: str) -> list[str]:
@@ -93,9 +95,14 @@ def settings(cfg) -> MapSettings:
   if p.map_tp_count < 1 or p.map_max_disagg < 0:
     raise ConfigError(f"plan.map_tp_count={p.map_tp_count} (>= 1) and plan.map_max_disagg="
                       f"{p.map_max_disagg} (>= 0) required")
+  hybrid = [v.strip() for v in str(p.get("map_hybrid", "")).split(",") if v.strip()]
+  for name in hybrid:
+    if name not in HYBRID:
+      raise ConfigError(f"plan.map_hybrid: unknown path policy {name!r} (known: "
+                        f"{', '.join(HYBRID)})")
   return MapSettings(models, hardware, mix_names, grids[0], grids[1],
                      Lattice(p.map_rate_min, p.map_rate_max, p.map_rate_factor),
-                     float(p.map_rate_start))
+                     float(p.map_rate_start), list(dict.fromkeys(hybrid)))
 
 
 MIN_POOL_SEQS = 4   # a tier's KV must hold this many max_model_len sequences to be mapped
@@ -134,13 +141,15 @@ def combo(cfg, model: str, hw: str, mix: str, workdir: str = "", lengths: bool =
 
 def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "") -> dict:
   """Runs the map's simulations (map_walks: in-process or in a pool of plan.workers
-  processes); returns {(model, hardware, mix): [(kind, placement, chips, records)]} and
+  processes); returns {(model, hardware, mix): [(kind, placement, chips, records, cell)]} and
   appends runs.csv rows to runs_out and arrays to `arrays`, in the map's order whatever the
-  pool."""
+  pool. With plan.map_hybrid: isl_bounding walks every disaggregated split as a hybrid
+  placement (SLO-independent, like the three kinds); slo_headroom runs afterwards, per SLO
+  cell (headroom_tasks)."""
   p = cfg.plan
   slo_cells = [(t, q) for t in s.ttft_grid for q in s.tpot_grid]
   start = s.lattice.nearest(s.rate_start)   # low: see map_search
-  keys, tasks = [], []
+  keys, tasks, combos = [], [], {}
   for model in s.models:
     for hw in s.hardware:
       for mix in s.mixes:
@@ -151,28 +160,21 @@ def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "
                                            and roomy(c, mcfg, pl)),
                                tp_count=p.map_tp_count,
                                full_budget=p.map_full_budget, max_disagg=p.map_max_disagg)
+        splits = [pl for pl in cands if pl.run == "disaggregated"]
+        if "isl_bounding" in s.hybrid:
+          cands += [Placement("hybrid", pl.tiers, "isl_bounding") for pl in splits]
         _log(f"{model} {hw} {mix}: {len(cands)} placements")
         keys.append((model, hw, mix))
+        combos[(model, hw, mix)] = (c, mcfg, trace, splits)
         tasks += [map_walks.WalkTask((model, hw, mix), c, mcfg, trace, pl, s.lattice, start,
                                      slo_cells, cfg.slo.attainment) for pl in cands]
   t0 = time.time()
-  results = map_walks.run_walks(tasks, workers(cfg))
   out = {key: [] for key in keys}
-  for task, (runs, records) in zip(tasks, results):
-    model, hw, mix = task.key
-    pl = task.placement
-    for run in runs:
-      i = len(runs_out)
-      arrays.update({f"r{i}_ttft": run.record.ttft, f"r{i}_tpot": run.record.tpot,
-                     f"r{i}_judged": run.record.judged})
-      runs_out.append({"model": model, "hardware": hw, "mix": mix, "run": pl.run,
-                       "placement": pl.describe(), "chips": pl.chips,
-                       "rate_rps": round(run.rate, 6), "rate_per_chip": round(run.per_chip, 6),
-                       "requests": len(run.record.ttft),
-                       "attainment_loosest": round(run.record.attainment(*slo_cells[-1]), 4),
-                       "wall_s": run.wall_s})
-    out[task.key].append((pl.run, pl.describe(), pl.chips,
-                            [records[k] for k in sorted(records)]))
+  map_runs.collect(tasks, map_walks.run_walks(tasks, workers(cfg)), out, runs_out, arrays)
+  if "slo_headroom" in s.hybrid:
+    cell_tasks = map_hybrid.headroom_tasks(cfg, s, out, combos)
+    _log(f"slo_headroom: {len(cell_tasks)} walks, one per (model, hardware, mix, SLO cell)")
+    map_runs.collect(cell_tasks, map_walks.run_walks(cell_tasks, workers(cfg)), out, runs_out, arrays)
   _log(f"  {time.time() - t0:.0f} s")
   return out
 
@@ -181,24 +183,6 @@ def workers(cfg) -> int:
   """plan.workers (0, also where a config lacks the key: one process per core; 1:
   in-process)."""
   return int(cfg.plan.get("workers", 0))
-
-
-def load_runs(path: str) -> tuple[dict, list, dict]:
-  """A previous map's runs (DIR/runs.csv + runs.npz) as simulate() returns them."""
-  import csv
-  with open(os.path.join(path, "runs.csv")) as f:
-    rows = list(csv.DictReader(f))
-  data = np.load(os.path.join(path, "runs.npz"))
-  arrays = {k: data[k] for k in data.files}
-  out: dict = {}
-  for i, row in enumerate(rows):
-    rec = RunRecord(float(row["rate_rps"]), arrays[f"r{i}_ttft"], arrays[f"r{i}_tpot"],
-                    arrays[f"r{i}_judged"])
-    entries = out.setdefault((row["model"], row["hardware"], row["mix"]), [])
-    if not entries or entries[-1][:2] != (row["run"], row["placement"]):
-      entries.append((row["run"], row["placement"], int(row["chips"]), []))
-    entries[-1][3].append(rec)
-  return out, rows, arrays
 
 
 def what_ran(cfg, s: MapSettings, workdir: str, command: str) -> tuple[list[str], dict]:
@@ -240,7 +224,7 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
   t0 = time.time()
   ran, lengths = what_ran(cfg, s, workdir, command)
   if cfg.plan.map_runs:
-    by_combo, run_rows, arrays = load_runs(cfg.plan.map_runs)
+    by_combo, run_rows, arrays = map_runs.load(cfg.plan.map_runs)
     by_combo = {k: v for k, v in by_combo.items()       # what the settings name, if there
                 if k[0] in s.models and k[1] in s.hardware and k[2] in s.mixes}
   else:
@@ -250,11 +234,14 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
   target = cfg.slo.attainment
   rows, blocks = [], []
   for (model, hw, mix), entries in by_combo.items():
-    cs = cells(entries, s.ttft_grid, s.tpot_grid, target)
+    cs = cells(entries, s.ttft_grid, s.tpot_grid, target, factor=s.lattice.factor)
     rows += [map_output.cell_row(model, hw, mix, c) for c in cs]
     blocks.append(((model, hw, mix), cs))
-  map_output.write_csv(os.path.join(workdir, "map.csv"), rows, map_output.COLUMNS)
-  map_output.write_csv(os.path.join(workdir, "runs.csv"), run_rows, map_output.RUN_COLUMNS)
+  hybrid = any(row.get("path") for row in run_rows)
+  map_output.write_csv(os.path.join(workdir, "map.csv"), rows,
+                       map_output.COLUMNS + (map_output.HYBRID_COLUMNS if hybrid else []))
+  map_output.write_csv(os.path.join(workdir, "runs.csv"), run_rows,
+                       map_output.RUN_COLUMNS + (map_output.HYBRID_RUN_COLUMNS if hybrid else []))
   np.savez_compressed(os.path.join(workdir, "runs.npz"), **arrays)
   header = [f"# Where disaggregation wins: {cfg.plan.chip_budget} chips, "
             f"{100 * target:.0f}% SLO attainment", "", *ran,
@@ -263,6 +250,14 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
             f"meeting it); map written in {time.time() - t0:.0f} s",
             "- entries: winner (D disaggregated, C colocated, K chunked, = tie, - none meets "
             "the SLO) and best disaggregated / best aggregated per-chip goodput"]
+  if hybrid:
+    sc = cfg.scheduler
+    header.append(
+        "- hybrid (not in the winner): disaggregated splits whose decode instances may prefill "
+        f"locally; isl_bounding (length_threshold {sc.length_threshold}, isl_ratio "
+        f"{sc.get('isl_ratio', 0.7):g}) walked on every split, slo_headroom per SLO cell on "
+        "the cell's best disaggregated split, its steps = its per-chip goodput against the "
+        f"best of every other kind, in rate lattice steps of x{s.lattice.factor:.3g}")
   titled = [(f"{m} on {h}, {x}", cs, [f"{x} {lengths[x]}"]) for (m, h, x), cs in blocks]
   map_output.write_markdown(os.path.join(workdir, "map.md"), header, titled,
                             s.ttft_grid, s.tpot_grid)
@@ -272,5 +267,9 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
       map_output.plot_phase(os.path.join(workdir, "plots", f"map_{model}_{hw}.png"),
                             f"{model} on {cfg.plan.chip_budget} x {hw}", panels,
                             s.ttft_grid, s.tpot_grid)
-  return "\n".join([*(line[2:] for line in ran),
-                    *(f"{m} {h} {x}: {map_output.summary_lines(cs)}" for (m, h, x), cs in blocks)])
+  out = [*(line[2:] for line in ran)]
+  for (m, h, x), cs in blocks:
+    out.append(f"{m} {h} {x}: {map_output.summary_lines(cs)}")
+    if (line := map_output.hybrid_line(cs)) is not None:
+      out.append(f"{m} {h} {x}: {line}")
+  return "\n".join(out)

@@ -9,12 +9,15 @@ import math
 import os
 from collections.abc import Sequence
 
-from pdjax.planning.slo_grid import KINDS, Cell
+from pdjax.planning.slo_grid import HYBRID, KINDS, Cell
 
 COLUMNS = ["model", "hardware", "mix", "ttft_s", "tpot_s",
            "colocated_per_chip", "colocated_placement", "chunked_per_chip", "chunked_placement",
            "disaggregated_per_chip", "disaggregated_placement", "winner",
            "disagg_over_aggregated"]
+HYBRID_COLUMNS = ["isl_bounding_per_chip", "isl_bounding_placement", "slo_headroom_per_chip",
+                  "slo_headroom_placement", "slo_headroom_steps"]     # with plan.map_hybrid
+HYBRID_RUN_COLUMNS = ["path", "cell_ttft_s", "cell_tpot_s"]
 RUN_COLUMNS = ["model", "hardware", "mix", "run", "placement", "chips", "rate_rps",
                "rate_per_chip", "requests", "attainment_loosest", "wall_s"]
 COLORS = {"disaggregated": "#3b75af", "colocated": "#ef8636", "chunked": "#519e3e",
@@ -37,7 +40,48 @@ def cell_row(model: str, hardware: str, mix: str, c: Cell) -> dict:
     row[f"{kind}_placement"] = desc
   row["winner"] = c.winner
   row["disagg_over_aggregated"] = fmt_ratio(c.ratio)
+  for kind in HYBRID:
+    if kind in c.best:
+      row[f"{kind}_per_chip"] = round(c.best[kind][0], 4)
+      row[f"{kind}_placement"] = c.best[kind][1]
+  if c.steps is not None:
+    row["slo_headroom_steps"] = fmt_steps(c.steps)
   return row
+
+
+def fmt_steps(steps: float) -> str:
+  return "inf" if steps == math.inf else "-inf" if steps == -math.inf else f"{steps:+.0f}"
+
+
+def hybrid_line(cells: Sequence[Cell]) -> str | None:
+  """How slo_headroom compares with the best of the other kinds over a block's cells, in
+  lattice steps (None where slo_headroom did not run)."""
+  judged = [c for c in cells if c.steps is not None]
+  if not judged:
+    return None
+  others = [k for k in (*KINDS, *HYBRID) if k != "slo_headroom" and k in judged[0].best]
+  within = sum(c.steps >= -1 for c in judged)
+  ahead = sum(c.steps >= 1 for c in judged)
+  behind = [c for c in judged if c.steps < -1]
+  text = (f"slo_headroom vs the best of {', '.join(others)} (rate lattice steps): within one "
+          f"step in {within}/{len(judged)} cells, ahead by >= 1 step in {ahead} "
+          f"({100 * ahead / len(judged):.0f}%)")
+  if behind:
+    worst = min(behind, key=lambda c: c.steps)
+    text += (f"; behind by more than one in {len(behind)} (worst {fmt_steps(worst.steps)} at "
+             f"TTFT {worst.ttft_s:g} s / TPOT {worst.tpot_s * 1e3:g} ms)")
+  return text
+
+
+def steps_diagram(cells: Sequence[Cell], ttft_grid, tpot_grid) -> list[str]:
+  """A markdown table as text_diagram's: slo_headroom - the best other kind, in steps."""
+  by = {(c.ttft_s, c.tpot_s): c for c in cells}
+  lines = ["| TPOT \\ TTFT | " + " | ".join(f"{t:g} s" for t in ttft_grid) + " |",
+           "|---|" + "---|" * len(ttft_grid)]
+  for p in sorted(tpot_grid, reverse=True):
+    lines.append(f"| {p * 1e3:g} ms | " + " | ".join(
+        fmt_steps(by[(float(t), float(p))].steps) for t in ttft_grid) + " |")
+  return lines
 
 
 def write_csv(path: str, rows: Sequence[dict], columns: Sequence[str]) -> None:
@@ -82,6 +126,8 @@ def write_markdown(path: str, header: Sequence[str],
   for title, cs, notes in blocks:
     lines += ["", f"## {title}", "", *notes, "", summary_lines(cs), "",
               *text_diagram(cs, ttft_grid, tpot_grid)]
+    if (line := hybrid_line(cs)) is not None:
+      lines += ["", line, "", *steps_diagram(cs, ttft_grid, tpot_grid)]
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
 

@@ -32,6 +32,7 @@ class WalkTask:
   start: int
   slo_cells: list
   target: float
+  cell: tuple | None = None  # (ttft_s, tpot_s): the one SLO cell the runs answer (slo_headroom)
 
 
 @dataclasses.dataclass

@@ -35,13 +35,15 @@ def placement_config(cfg, mcfg, p: Placement, rate: float,
   if pages is None:
     return None
   new = cfg.copy_and_resolve_references()
-  new.backend, new.mode, new.progress = "sim", p.run, False
+  new.backend, new.mode, new.progress = "sim", p.mode, False
+  if p.run == "hybrid":
+    new.scheduler.path = p.path
   if p.run == "chunked":
     new.mode = "colocated"
     new.scheduler.colocated_policy = "chunked_prefill"
   for role, n, tp in p.tiers:
     new.cluster[role].instances, new.cluster[role].tp = n, tp
-  if p.run == "disaggregated":   # the unused tier must still validate
+  if p.mode == "disaggregated":   # the unused tier must still validate
     new.cluster.colocated.tp = p.tiers[0][2]
   else:
     new.cluster.prefill.tp = new.cluster.decode.tp = p.tiers[0][2]
@@ -67,7 +69,7 @@ def evaluate(cfg, mcfg, p: Placement, rate: float,
   the run summary, which the planner does not read: 3% of a map's time)."""
   from pdjax.runner.execute import execute
   run_cfg = placement_config(cfg, mcfg, p, rate, trace)
-  _, result, _ = execute(run_cfg, mcfg, p.run, None, quiet=True, summarize=False)
+  _, result, _ = execute(run_cfg, mcfg, p.mode, None, quiet=True, summarize=False)
   return RunRecord.from_requests(rate, result.requests)
 
 

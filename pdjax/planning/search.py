@@ -22,16 +22,24 @@ from pdjax.metrics.goodput import next_rate_to_try
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  run: str                                 # colocated | chunked | disaggregated
+  run: str                                 # colocated | chunked | disaggregated | hybrid
   tiers: tuple[tuple[str, int, int], ...]  # (role, instances, tp)
+  path: str = ""     # hybrid: the per-request path policy (isl_bounding | slo_headroom)
+
+  @property
+  def mode(self) -> str:
+    """The serving run it is (a hybrid placement is a disaggregated run whose path policy
+    may prefill on the decode instance)."""
+    return "disaggregated" if self.run == "hybrid" else self.run
 
   @property
   def chips(self) -> int:
     return sum(n * tp for _, n, tp in self.tiers)
 
   def describe(self) -> str:
-    return " + ".join(f"{n}x{role[0].upper()}(tp{tp})" if self.run == "disaggregated"
+    text = " + ".join(f"{n}x{role[0].upper()}(tp{tp})" if self.mode == "disaggregated"
                       else f"{n}xTP{tp}" for role, n, tp in self.tiers)
+    return f"{text} {self.path}" if self.path else text
 
 
 def placements(chip_budget: int, tp_choices: Iterable[int],

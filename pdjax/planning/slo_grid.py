@@ -17,6 +17,13 @@ queue that grows linearly over the window, not the noise of a steady one.
 For one cell, a placement's goodput is the highest rate tried that is stable with attainment >=
 the target (no interpolation between rates), divided by its chips; each kind's best
 (colocated, chunked, disaggregated) and the winner follow. Pure numpy.
+
+Hybrid kinds (plan.map_hybrid): a disaggregated placement whose decode instances may prefill
+locally, by a per-request path policy (HYBRID: isl_bounding or slo_headroom). They are scored
+beside the three kinds but do not enter `winner` (the map's question stays disaggregated vs
+aggregated); `steps` compares slo_headroom with the best of the other four kinds in rate
+lattice steps. slo_headroom's path choices read the SLO, so its runs belong to one cell each
+(a run entry's `cell`); every other kind's runs answer every cell.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import math
 import numpy as np
 
 KINDS = ("colocated", "chunked", "disaggregated")
+HYBRID = ("isl_bounding", "slo_headroom")
 STABLE_GROWTH = 1.5
 STABLE_FLOOR_S = {"ttft": 0.02, "tpot": 0.002}
 MIN_STABLE_CHECK = 150     # fewer requests: thirds too small to tell a trend from length noise
@@ -88,6 +96,8 @@ class Cell:
   best: dict            # kind -> (per-chip goodput, placement description or "")
   winner: str           # colocated | chunked | disaggregated | tie | none
   ratio: float          # best disaggregated / best aggregated (nan: neither meets the SLO)
+  steps: float | None = None   # slo_headroom - best other kind, in lattice steps (None: not run;
+                               # +inf: only slo_headroom meets; -inf: only another kind does)
 
 
 def winner_of(per_chip: dict[str, float]) -> tuple[str, float]:
@@ -107,18 +117,37 @@ def winner_of(per_chip: dict[str, float]) -> tuple[str, float]:
           else "chunked"), ratio
 
 
-def cells(runs: list[tuple[str, str, int, list[RunRecord]]], ttft_grid, tpot_grid,
-          target: float) -> list[Cell]:
+def lattice_steps(mine: float, best_other: float, factor: float) -> float:
+  """mine vs best_other (per-chip goodputs on one rate lattice) in lattice steps: 0 when equal
+  or both meet nothing; +-inf when only one meets the SLO."""
+  if mine == best_other:
+    return 0.0
+  if best_other == 0 or mine == 0:
+    return math.inf if best_other == 0 else -math.inf
+  return float(round(math.log(mine / best_other) / math.log(factor)))
+
+
+def cells(runs: list[tuple], ttft_grid, tpot_grid, target: float,
+          factor: float | None = None) -> list[Cell]:
   """Every (TTFT, TPOT) cell (TTFT outer, TPOT inner) from runs given as
-  (kind, placement description, chips, records); the first placement of a kind wins a tie."""
+  (kind, placement description, chips, records[, cell]); the first placement of a kind wins a
+  tie. A run with a cell (ttft_s, tpot_s) answers that cell only. factor: the rate lattice's,
+  for Cell.steps where slo_headroom ran."""
+  kinds = [*KINDS, *(k for k in HYBRID if any(r[0] == k for r in runs))]
   out = []
   for ttft_s in ttft_grid:
     for tpot_s in tpot_grid:
-      best: dict[str, tuple[float, str]] = {k: (0.0, "") for k in KINDS}
-      for kind, desc, chips, records in runs:
+      best: dict[str, tuple[float, str]] = {k: (0.0, "") for k in kinds}
+      for kind, desc, chips, records, *cell in runs:
+        if cell and cell[0] is not None and tuple(cell[0]) != (ttft_s, tpot_s):
+          continue
         per_chip = goodput(records, ttft_s, tpot_s, target) / chips
         if per_chip > best[kind][0]:
           best[kind] = (per_chip, desc)
-      winner, ratio = winner_of({k: v for k, (v, _) in best.items()})
-      out.append(Cell(float(ttft_s), float(tpot_s), best, winner, ratio))
+      winner, ratio = winner_of({k: best[k][0] for k in KINDS})
+      steps = None
+      if "slo_headroom" in best and factor:
+        other = max(v for k, (v, _) in best.items() if k != "slo_headroom")
+        steps = lattice_steps(best["slo_headroom"][0], other, factor)
+      out.append(Cell(float(ttft_s), float(tpot_s), best, winner, ratio, steps))
   return out
