@@ -142,7 +142,7 @@ def test_tiny_hybrid_map(tmp_path):
   assert paths == {(0.0004, 0.00022): {"disaggregated": 29, "colocated": 1},
                    (0.0004, 0.01): {"disaggregated": 22, "colocated": 8},
                    (0.01, 0.00022): {"disaggregated": 29, "colocated": 1},
-                   (0.01, 0.01): {"colocated": 30}}
+                   (0.01, 0.01): {"disaggregated": 28, "colocated": 2}}
   assert [(r["isl_bounding_per_chip"], r["slo_headroom_per_chip"], r["slo_headroom_steps"])
           for r in rows] == [("0.0", "1600.0", "inf"), ("1600.0", "1600.0", "+0"),
                              ("1600.0", "1600.0", "+0"), ("1600.0", "1600.0", "+0")]

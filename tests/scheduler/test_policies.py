@@ -132,10 +132,11 @@ class _Signals:
   """A worker as the latency model reads it: hand-set rates, queue and cache (page size 4)."""
 
   def __init__(self, name, tp=1, queued=0, running=0, cached_pages=0, prefill_tok_s=None,
-               decode_step_s=None, transfer_s_per_page=None):
+               decode_step_s=None, transfer_s_per_page=None, running_new_tokens=101):
     import types
     self.name, self.tp, self._queued, self._cached = name, tp, queued, cached_pages
-    self.running = [None] * running
+    self.running = [_req(100 + i, 8, running_new_tokens) for i in range(running)]
+    self.reserved = {}
     self.prefill_tok_s, self.prefill_drain_tok_s = prefill_tok_s, None
     self.decode_step_s, self.transfer_s_per_page = decode_step_s, transfer_s_per_page
     self.token_interval_s = None
@@ -158,7 +159,8 @@ class _Signals:
 class TestSloHeadroom:
   """Prompt 100 tokens, 11 new (the transfer spreads over 10), SLOs TTFT 1 s, TPOT 0.1 s, a
   token budget of 16; the prefill pick prefills 200 tok/s; the decode pick steps in 50 ms
-  with 2 running and lands a page in 10 ms (25 pages: 0.25 s)."""
+  with 2 running (101 new tokens each: a local prefill's 0.5 s stall adds 0.005 s to their
+  token interval) and lands a page in 10 ms (25 pages: 0.25 s)."""
 
   SLO = dict(slo_ttft_s=1.0, slo_tpot_s=0.1, token_budget=16)
 
@@ -172,14 +174,30 @@ class TestSloHeadroom:
   def test_local_wins_when_the_prefill_queue_eats_the_ttft(self):
     # remote: TTFT (100 queued + 100) / 200 = 1.0 -> (0.9 - 1.0) / 1 = -0.1; TPOT 0.05 +
     # 0.25 / 10 = 0.075 -> 0.15. local: TTFT 100 / 200 (borrowed) + 7 steps x 0.05 = 0.85 ->
-    # 0.05; TPOT 0.05 -> 0.4. Headrooms -0.1 vs 0.05: local.
+    # 0.05; TPOT 0.05 -> 0.4, the running batch's 0.055 -> 0.35. Headrooms -0.1 vs 0.05: local.
     choice = self._choose(_Signals("prefill-0", queued=100, prefill_tok_s=200.0), self._decode())
     assert choice == PathChoice("colocated", "decode")
     assert choice.reason == {
         "policy": "slo_headroom", "choice": "colocated", "why": "larger headroom",
         "prefill_instance": "prefill-0", "decode_instance": "decode-0",
         "remote": {"ttft_s": 1.0, "tpot_s": 0.075, "cost_s": 0.75, "headroom": -0.1},
-        "local": {"ttft_s": 0.85, "tpot_s": 0.05, "cost_s": 1.5, "headroom": 0.05}}
+        "local": {"ttft_s": 0.85, "tpot_s": 0.05, "cost_s": 1.5, "headroom": 0.05,
+                  "batch_tpot_s": 0.055}}
+
+  @pytest.mark.parametrize("new_tokens,path,batch_tpot,local_headroom", [
+      (101, "colocated", 0.055, 0.05), (11, "disaggregated", 0.1, -0.1)])
+  def test_a_local_prefill_is_judged_by_the_batch_it_stalls(self, new_tokens, path,
+                                                           batch_tpot, local_headroom):
+    # remote: TTFT (80 + 100) / 200 = 0.9 -> 0.0 headroom (TPOT 0.075 -> 0.15). local: TTFT
+    # 0.85 -> 0.05, its own TPOT 0.05 -> 0.4; its 0.5 s prefill stalls the two running
+    # requests: 0.05 + 0.5 / 100 = 0.055 (-> 0.35: local) or 0.05 + 0.5 / 10 = 0.1 with
+    # 11-token answers (-> -0.1, below remote's 0.0: remote).
+    choice = self._choose(_Signals("prefill-0", queued=80, prefill_tok_s=200.0),
+                          self._decode(running_new_tokens=new_tokens))
+    assert (choice.path, choice.reason["why"]) == (path, "larger headroom")
+    assert choice.reason["remote"]["headroom"] == 0.0
+    assert choice.reason["local"] == {"ttft_s": 0.85, "tpot_s": 0.05, "cost_s": 1.5,
+                                      "headroom": local_headroom, "batch_tpot_s": batch_tpot}
 
   def test_remote_wins_with_an_idle_prefill_instance(self):
     # remote: TTFT 0.5 -> 0.4, TPOT 0.075 -> 0.15: 0.15 > local's 0.05
@@ -196,15 +214,16 @@ class TestSloHeadroom:
     assert choice == PathChoice("disaggregated", "prefill")
     assert choice.reason["why"] == "neither meets the SLOs: cheaper"
     assert choice.reason["local"] == {"ttft_s": 3.25, "tpot_s": 0.05, "cost_s": 1.5,
-                                      "headroom": -2.35}
+                                      "headroom": -2.35, "batch_tpot_s": 0.055}
 
   def test_a_cached_prefix_on_the_decode_pick_shortens_local_and_the_transfer(self):
     # 20 of 25 pages cached on decode-0: local computes 20 tokens (0.1 s + 2 steps x 0.05 =
-    # 0.2 -> 0.7 headroom on TTFT; TPOT 0.05 -> 0.4), the transfer moves 5 pages (0.05 s)
+    # 0.2 -> 0.7 headroom on TTFT; TPOT 0.05 -> 0.4, the batch's 0.05 + 0.1 / 100 -> 0.39), the
+    # transfer moves 5 pages (0.05 s)
     choice = self._choose(_Signals("prefill-0", prefill_tok_s=200.0),
                           self._decode(cached_pages=20))
     assert choice.reason["local"] == {"ttft_s": 0.2, "tpot_s": 0.05, "cost_s": 0.3,
-                                      "headroom": 0.4}
+                                      "headroom": 0.39, "batch_tpot_s": 0.051}
     assert choice.reason["remote"]["tpot_s"] == 0.055 and choice.path == "colocated"
 
   def test_unmeasured_rates_go_disaggregated(self):
@@ -232,17 +251,18 @@ class TestSloHeadroom:
     pw.instance, dw.instance = inst, inst
     pw.waiting, dw.waiting = [_req(9, 20, 1)], []
     dw.in_flight = [types.SimpleNamespace(pending=types.SimpleNamespace(end_s=0.03))]
-    dw.running = [_req(7, 49, 2), _req(8, 49, 2)]
+    dw.running = [_req(7, 49, 111), _req(8, 49, 111)]
     for r in dw.running:
       r.output_ids = [5]                                   # contexts 50 each
     choice = self._choose(pw, dw)
     # remote: TTFT 0.2; TPOT 0.02 + 0.0001 x 200 = 0.04, + 25 pages' 0.025 s / 10 = 0.0425;
     # cost 0.01 + 0.1 + 0.025. local: TTFT 0.03 in flight + 7 steps of 16 (0.07 + 0.1) = 0.2
-    # (none waiting there), TPOT 0.04; cost 0.11 x (1 + 2 running)
+    # (none waiting there), TPOT 0.04; cost 0.11 x (1 + 2 running); its 0.11 s prefill
+    # stalls the running two (111 new tokens each): 0.04 + 0.11 / 110 = 0.041 -> 0.49
     assert choice.reason["remote"] == {"ttft_s": 0.2, "tpot_s": 0.0425, "cost_s": 0.135,
                                        "headroom": 0.475}
     assert choice.reason["local"] == {"ttft_s": 0.2, "tpot_s": 0.04, "cost_s": 0.33,
-                                      "headroom": 0.5}
+                                      "headroom": 0.49, "batch_tpot_s": 0.041}
     assert choice == PathChoice("colocated", "decode")
 
   def test_finished_requests_token_intervals_stretch_the_predicted_tpot(self):

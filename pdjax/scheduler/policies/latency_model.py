@@ -86,16 +86,39 @@ class PathPrediction:
   tpot_s: float
   cost_s: float        # device seconds it takes from the instances (the cheaper path's test)
   headroom: float
+  batch_tpot_s: float | None = None   # local: the running batch's worst TPOT with it (None:
+                                      # nothing runs there)
 
   def to_json(self) -> dict:
-    return {"ttft_s": round(self.ttft_s, 6), "tpot_s": round(self.tpot_s, 6),
-            "cost_s": round(self.cost_s, 6), "headroom": round(self.headroom, 4)}
+    out = {"ttft_s": round(self.ttft_s, 6), "tpot_s": round(self.tpot_s, 6),
+           "cost_s": round(self.cost_s, 6), "headroom": round(self.headroom, 4)}
+    if self.batch_tpot_s is not None:
+      out["batch_tpot_s"] = round(self.batch_tpot_s, 6)
+    return out
 
 
 def headroom(ttft_s: float, tpot_s: float, slo_ttft_s: float, slo_tpot_s: float,
              margin: float = 0.9) -> float:
   return min((margin * slo_ttft_s - ttft_s) / slo_ttft_s,
              (margin * slo_tpot_s - tpot_s) / slo_tpot_s)
+
+
+def batch_tpot_s(dw, step_s: float, stall_s: float) -> float | None:
+  """The worst TPOT among dw's running requests when a local prefill of stall_s device seconds
+  runs between their decode steps: a request's TPOT is its decode time over its tokens after
+  the first, so the stall adds stall_s / (its tokens - 1) to each token interval. Requests
+  holding a slot there (KV on its way) count as running. None when nothing runs there. A local path's headroom is judged on this too: a prefill that meets its
+  own SLOs by stalling a batch of short answers past theirs is not headroom."""
+  batch = [*dw.running, *dw.reserved.values()]
+  if not batch:
+    return None
+  return max(step_s + stall_s / max(r.sampling.max_new_tokens - 1, 1) for r in batch)
+
+
+def _local(ttft: float, tpot: float, cost_s: float, batch: float | None,
+           slo: tuple[float, float]) -> PathPrediction:
+  worst = tpot if batch is None else max(tpot, batch)
+  return PathPrediction(ttft, tpot, cost_s, headroom(ttft, worst, *slo), batch)
 
 
 def step_cost(worker):
@@ -178,8 +201,9 @@ def predict_local(req, dw, prefill_tier: list, slo: tuple[float, float], token_b
   if cost is not None:
     ttft = modelled_prefill_s(cost, dw, tokens, token_budget, req.arrival_s)
     tpot = modelled_step_s(cost, dw, req)
-    device_s = cost.prefill_s([(tokens, 0)]) * (1 + dw.num_running())
-    return PathPrediction(ttft, tpot, device_s, headroom(ttft, tpot, *slo))
+    stall = cost.prefill_s([(tokens, 0)])
+    return _local(ttft, tpot, stall * (1 + dw.num_running()), batch_tpot_s(dw, tpot, stall),
+                  slo)
   if dw.decode_step_s is None:
     return None
   step = interval_s(dw.decode_step_s, dw)
@@ -192,5 +216,6 @@ def predict_local(req, dw, prefill_tier: list, slo: tuple[float, float], token_b
     rate = max(borrowed)
     ahead = dw.queued_tokens() + tokens
     ttft = ahead / rate + (math.ceil(ahead / token_budget) * step if dw.running else 0.0)
-  cost = tokens / rate * (1 + dw.num_running())   # (its prefill stalls the running batch)
-  return PathPrediction(ttft, step, cost, headroom(ttft, step, *slo))
+  stall = tokens / rate
+  return _local(ttft, step, stall * (1 + dw.num_running()),   # (it stalls the running batch)
+                batch_tpot_s(dw, step, stall), slo)
