@@ -353,6 +353,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(0 < s.saturation <= 1, "scheduler.saturation", s.saturation, "must be in (0, 1]")
   _require(0 < s.get("isl_ratio", 0.7) <= 1, "scheduler.isl_ratio", s.get("isl_ratio", 0.7),
            "must be in (0, 1]")
+  _require(s.get("local_prefill", "whole") in ("whole", "chunked"), "scheduler.local_prefill",
+           s.get("local_prefill", "whole"), "is not one of ['whole', 'chunked']")
 
   trace_steps = cfg.get("output", {}).get("trace_steps", "auto")
   _require(trace_steps in ("auto", "full"), "output.trace_steps", trace_steps,

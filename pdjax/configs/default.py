@@ -90,6 +90,10 @@ def get_config(arg=None):
                                                 #   slo_headroom
   c.scheduler.admission = "none"                # none|queue_bound|predicted_slo
   c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)
+  c.scheduler.local_prefill = "whole"           # disaggregated: a prompt a path policy keeps on
+                                                #   its decode instance runs whole (stalls the
+                                                #   batch) | chunked (chunk_budget per step,
+                                                #   with the decode rows)
   c.scheduler.role_switch = "none"              # none|queue_balance|remesh
   c.scheduler.chunk_budget = 256                # tokens per chunked-prefill step
   c.scheduler.overlap = "auto"                  # dispatch the next step before a decode step's

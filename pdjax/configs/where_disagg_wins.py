@@ -31,6 +31,9 @@ def get_config(arg=None):
   c.scheduler.chunk_budget = 512                    # chunked prefill: 512 tokens per step
   c.scheduler.length_threshold = 2048   # isl_bounding (plan.map_hybrid): Dynamo's defaults,
   c.scheduler.isl_ratio = 0.7           #   local when eff_isl < 2048 and < 0.7 x the prompt
+  c.scheduler.local_prefill = "chunked"  # hybrid: a local prompt rides the decode batch in
+                                         #   512-token chunks (disaggregated: decode
+                                         #   instances only prefill to recompute)
   c.workload.preset = "lognormal"           # the mixes set the lengths (planning/mixes.py)
   c.workload.rate = 2.0
   c.workload.num_requests = 400

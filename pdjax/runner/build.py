@@ -33,10 +33,27 @@ def policies_for(cfg, run: str, opts):
                 queued_tokens=sc.role_switch_queued_tokens, shared_salt=cfg.kv.shared_salt,
                 headroom=sc.get("admission_headroom", 1.0), isl_ratio=sc.get("isl_ratio", 0.7),
                 remesh_schedule=sc.get("remesh_schedule", ""),
-                remesh_cooldown_s=sc.get("remesh_cooldown_s", 5.0))
+                remesh_cooldown_s=sc.get("remesh_cooldown_s", 5.0),
+                local_prefill=local_prefill(cfg, run))
   if sc.role_switch == "remesh":
     params["allowed_tps"] = config_remesh.remesh_tps(cfg, config_lib.model_config(cfg))
-  return policy_lib.build(names, params, seed=cfg.seed)
+  policies = policy_lib.build(names, params, seed=cfg.seed)
+  if params["local_prefill"] == "chunked":
+    from pdjax.scheduler.policies.chunked_prefill import ChunkedPrefill
+    from pdjax.scheduler.policies.local_chunked import LocalChunked
+    from pdjax.scheduler.policies.prefill_first import PrefillFirst
+    whole = PrefillFirst(token_budget=params["token_budget"],
+                         max_prefill_seqs=sc.max_prefill_seqs)
+    policies.step = LocalChunked(whole, ChunkedPrefill(**params))
+  return policies
+
+
+def local_prefill(cfg, run: str) -> str:
+  """How a decode instance of a disaggregated run prefills a prompt kept there
+  (scheduler.local_prefill: whole | chunked); "whole" for the other runs."""
+  if config_lib.RUNS[run] != "disaggregated":
+    return "whole"
+  return cfg.scheduler.get("local_prefill", "whole")
 
 
 def generate_policies(mode: str, opts, chunk_budget: int):
@@ -59,8 +76,8 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
   the simulator and Ray, and the DriverOptions the config sets). progress(done, total, what):
   each program the real engine compiles in this process (engine.cluster.build_instances)."""
   from pdjax.faults.injector import FaultInjector
-  chunked = run == "chunked" or (run == "colocated" and
-                                 cfg.scheduler.colocated_policy == "chunked_prefill")
+  chunked = (run == "chunked" or local_prefill(cfg, run) == "chunked"
+             or (run == "colocated" and cfg.scheduler.colocated_policy == "chunked_prefill"))
   opts = options_lib.engine_options(cfg, chunked=chunked)
   mode = config_lib.RUNS[run]
   tiers = config_lib.tiers(cfg)[mode]

@@ -153,3 +153,23 @@ def test_tiny_hybrid_map(tmp_path):
   cfg.plan.map_runs = str(tmp_path)
   map_mode.run_map(cfg, str(again))
   assert (again / "map.csv").read_text() == (tmp_path / "map.csv").read_text()
+
+
+def test_headroom_walks_take_the_cells_best_split_and_the_fewest_prefill_chips():
+  from pdjax.planning import map_hybrid
+  from pdjax.planning.map_search import Lattice
+  cfg = _tiny_map_config()
+  few = Placement("disaggregated", (("prefill", 1, 1), ("decode", 3, 1)))
+  even = Placement("disaggregated", (("prefill", 2, 1), ("decode", 2, 1)))
+  # colocated meets both cells at 8 req/s (2 per chip); "even" meets the loose one at 16
+  entries = [("colocated", "4xTP1", 4, [rec(8, 0.1, 0.03)], None),
+             ("disaggregated", even.describe(), 4, [rec(16, 0.3, 0.03)], None)]
+  s = map_mode.MapSettings(["tiny"], ["h100"], ["config"], [0.2, 1.0], [0.05],
+                           Lattice(1.0, 16.0, 2.0), 1.0, ["slo_headroom"])
+  tasks = map_hybrid.headroom_tasks(cfg, s, {"k": entries}, {"k": (cfg, None, None,
+                                                                    [few, even])})
+  got = [(t.cell, t.placement.describe(), t.start, t.cfg.slo.ttft_s, t.cfg.slo.tpot_s)
+         for t in tasks]
+  assert got == [((0.2, 0.05), "1xP(tp1) + 3xD(tp1) slo_headroom", 1, 0.2, 0.05),
+                 ((1.0, 0.05), "2xP(tp1) + 2xD(tp1) slo_headroom", 2, 1.0, 0.05),
+                 ((1.0, 0.05), "1xP(tp1) + 3xD(tp1) slo_headroom", 2, 1.0, 0.05)]

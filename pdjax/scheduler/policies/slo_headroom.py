@@ -25,8 +25,11 @@ class SloHeadroom(PathPolicy):
   uses_picks = True
 
   def __init__(self, slo_ttft_s: float = 1.0, slo_tpot_s: float = 0.1, token_budget: int = 512,
-               shared_salt: str = "", **_):
+               shared_salt: str = "", chunk_budget: int = 128, local_prefill: str = "whole",
+               **_):
     self.slo, self.budget, self.shared_salt = (slo_ttft_s, slo_tpot_s), token_budget, shared_salt
+    # a local prompt's steps: chunk_budget tokens when chunked into the decode batch
+    self.local_budget = chunk_budget if local_prefill == "chunked" else token_budget
 
   def choose(self, req, prefill_tier, decode_tier, picks=None):
     pw, dw = picks or (None, None)
@@ -35,7 +38,7 @@ class SloHeadroom(PathPolicy):
       choice = LOCAL if pw is None and dw is not None else DISAGG
       return PathChoice(choice.path, choice.tier, dict(reason, choice=choice.path))
     remote = predict_remote(req, pw, dw, self.slo, self.budget, self.shared_salt)
-    local = predict_local(req, dw, prefill_tier, self.slo, self.budget, self.shared_salt)
+    local = predict_local(req, dw, prefill_tier, self.slo, self.local_budget, self.shared_salt)
     if remote is None or local is None:
       choice, why = DISAGG, "unmeasured: " + ", ".join(
           name for name, p in (("remote", remote), ("local", local)) if p is None)
