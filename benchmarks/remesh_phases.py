@@ -30,58 +30,100 @@ import tempfile
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # PYTHONPATH wins
 
 
-def write_trace(path: str, seed: int, phase_s: float, phases: int, doc_rate: float,
-                chat_rate: float) -> int:
+def write_trace(path: str, seed: int, args) -> int:
+  """Phases alternate documents / chats (documents first), each phase --doc-phase-s or
+  --chat-phase-s long (--phase-s when not given), Poisson arrivals at the phase's rate, lengths
+  uniform in the phase's ranges."""
   import numpy as np
   rng = np.random.default_rng(seed)
-  rows = []
-  for p in range(phases):
+  rows, start = [], 0.0
+  for p in range(args.phases):
     docs = p % 2 == 0
-    rate = doc_rate if docs else chat_rate
-    t = p * phase_s + rng.exponential(1 / rate)
-    while t < (p + 1) * phase_s:
-      if docs:
-        prompt, out = int(rng.integers(4096, 7681)), int(rng.integers(64, 257))
-      else:
-        prompt, out = int(rng.integers(128, 513)), int(rng.integers(128, 513))
+    rate = args.doc_rate if docs else args.chat_rate
+    length = (args.doc_phase_s if docs else args.chat_phase_s) or args.phase_s
+    (plo, phi), (olo, ohi) = ((args.doc_prompt, args.doc_out) if docs
+                              else (args.chat_prompt, args.chat_out))
+    t = start + rng.exponential(1 / rate)
+    while t < start + length:
+      prompt, out = int(rng.integers(plo, phi + 1)), int(rng.integers(olo, ohi + 1))
       rows.append({"arrival_s": round(float(t), 6), "prompt_len": prompt, "output_len": out})
       t += rng.exponential(1 / rate)
+    start += length
   with open(path, "w") as f:
     for r in rows:
       f.write(json.dumps(r) + "\n")
   return len(rows)
 
 
-RUNS = {   # name -> config overrides
-    "disagg P2x1 D2x1": dict(mode="disaggregated", p=(2, 1), d=(2, 1)),
-    "disagg P1x2 D2x1": dict(mode="disaggregated", p=(1, 2), d=(2, 1)),
-    "disagg P2x1 D1x2": dict(mode="disaggregated", p=(2, 1), d=(1, 2)),
-    "disagg P1x2 D1x2": dict(mode="disaggregated", p=(1, 2), d=(1, 2)),
-    "colocated 4x1": dict(mode="colocated", c=(4, 1)),
-    "colocated 2x2": dict(mode="colocated", c=(2, 2)),
-    "chunked 4x1": dict(mode="chunked", c=(4, 1)),
-    "queue_balance P2x1 D2x1": dict(mode="disaggregated", p=(2, 1), d=(2, 1),
-                                    role_switch="queue_balance"),
-    "remesh P2x1 D2x1": dict(mode="disaggregated", p=(2, 1), d=(2, 1), role_switch="remesh"),
-}
+def _tps(chips: int, allowed=(1, 2, 4, 8)) -> list[int]:
+  return [tp for tp in allowed if chips % tp == 0 and tp <= chips]
+
+
+def make_runs(args) -> dict:
+  """name -> spec: every fixed disaggregated layout of the two tiers (each tier's chips split
+  into equal instances at each TP dividing them), colocated and chunked at each TP over all
+  the chips, then queue_balance and remesh from --start (and the scheduled oracle with
+  --schedule)."""
+  pc, dc = args.prefill_chips, args.decode_chips
+  runs = {}
+  for ptp in _tps(pc):
+    for dtp in _tps(dc):
+      if ptp % dtp and dtp % ptp:
+        continue
+      runs[f"disagg P{pc // ptp}x{ptp} D{dc // dtp}x{dtp}"] = dict(
+          mode="disaggregated", p=(pc // ptp, ptp), d=(dc // dtp, dtp))
+  for kind in ("colocated", "chunked"):
+    for tp in _tps(pc + dc):
+      runs[f"{kind} {(pc + dc) // tp}x{tp}"] = dict(mode=kind, c=((pc + dc) // tp, tp))
+  p, d = args.start.split(",")
+  start = dict(mode="disaggregated", p=tuple(int(x) for x in p.split("x")),
+               d=tuple(int(x) for x in d.split("x")))
+  runs[f"queue_balance P{p} D{d}"] = dict(start, role_switch="queue_balance")
+  runs[f"remesh P{p} D{d}"] = dict(start, role_switch="remesh")
+  if args.schedule:
+    runs[f"remesh scheduled P{p} D{d}"] = dict(start, role_switch="remesh",
+                                               schedule=args.schedule)
+  return runs
+
+
+def _pages(cfg, mcfg, tp: int) -> int:
+  """The KV pool of a TP instance from its chips' memory (the same per chip for every run)."""
+  from pdjax.planning import capacity
+  from pdjax.sim.hardware import HARDWARE
+  pages = capacity.pool_pages(mcfg, HARDWARE[cfg.sim.hardware], tp,
+                              page_size=cfg.kv.page_size, dtype_bytes=2, mem_util=0.9,
+                              max_model_len=cfg.kv.max_model_len,
+                              max_batch=max(cfg.scheduler.decode_buckets))
+  if pages is None:
+    raise SystemExit(f"{cfg.model.preset} does not fit TP{tp} on {cfg.sim.hardware}")
+  return pages
 
 
 def run_one(args, trace: str, seed: int, spec: dict) -> dict:
   from pdjax import config as config_lib
   from pdjax.configs.default import get_config
+  from pdjax.models.llama_config import PRESETS
   from pdjax.runner.execute import execute
   cfg = get_config()
   cfg.backend, cfg.seed, cfg.repeats, cfg.progress = "sim", seed, 1, False
   cfg.mode = "colocated" if spec["mode"] == "chunked" else spec["mode"]
   cfg.model.preset, cfg.model.dtype = args.model, "bfloat16"
   cfg.sim.hardware = args.hardware
+  cfg.sim.remesh_compile_s = args.compile_s
   cfg.workload.kind, cfg.workload.path = "jsonl", trace
   cfg.workload.num_requests = 10 ** 6
   cfg.workload.ignore_eos = True
-  cfg.kv.max_model_len = 8192
-  cfg.kv.pages_per_instance = 8192
-  cfg.scheduler.prefill_buckets = (512, 2048, 8192)
-  cfg.scheduler.decode_buckets = (8, 16, 32, 64)
+  cfg.kv.max_model_len = args.max_model_len
+  cfg.scheduler.prefill_buckets = (512, 2048, args.max_model_len)
+  cfg.scheduler.decode_buckets = tuple(int(b) for b in args.decode_buckets.split(","))
+  if args.kv_from_memory:
+    mcfg0 = PRESETS[args.model]
+    for role, key in (("prefill", "p"), ("decode", "d"), ("colocated", "c")):
+      if key in spec:
+        cfg.cluster[role].kv_pages = _pages(cfg, mcfg0, spec[key][1])
+    cfg.kv.pages_per_instance = _pages(cfg, mcfg0, 1)
+  else:
+    cfg.kv.pages_per_instance = 8192
   cfg.slo.ttft_s, cfg.slo.tpot_s = args.ttft, args.tpot
   if "p" in spec:
     (cfg.cluster.prefill.instances, cfg.cluster.prefill.tp) = spec["p"]
@@ -91,10 +133,12 @@ def run_one(args, trace: str, seed: int, spec: dict) -> dict:
   cfg.scheduler.role_switch = spec.get("role_switch", "none")
   cfg.scheduler.role_switch_interval_s = 1.0
   cfg.scheduler.remesh_cooldown_s = args.cooldown
+  if spec.get("schedule"):
+    cfg.scheduler.remesh_schedule = spec["schedule"]
   cfg.scheduler.length_threshold = 2048
   mcfg = config_lib.validate(cfg)
   summary, result, _ = execute(cfg, mcfg, spec["mode"], None, quiet=True)
-  chips = 4
+  chips = args.prefill_chips + args.decode_chips
   return {"goodput_chip": summary["goodput_rps"] / chips,
           "attainment": summary["slo_attainment"],
           "ttft_p90": summary["ttft_s"].get("p90"), "tpot_p90": summary["tpot_s"].get("p90"),
@@ -103,35 +147,68 @@ def run_one(args, trace: str, seed: int, spec: dict) -> dict:
           "switches": len(result.role_switches)}
 
 
+def _range(text: str) -> tuple[int, int]:
+  lo, hi = text.split("-")
+  return int(lo), int(hi)
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser()
   ap.add_argument("--model", default="llama3_8b")
   ap.add_argument("--hardware", default="h100")
   ap.add_argument("--phase-s", type=float, default=30.0)
+  ap.add_argument("--doc-phase-s", type=float, default=0.0, help="0: --phase-s")
+  ap.add_argument("--chat-phase-s", type=float, default=0.0, help="0: --phase-s")
   ap.add_argument("--phases", type=int, default=4)
   ap.add_argument("--doc-rate", type=float, default=3.0)
   ap.add_argument("--chat-rate", type=float, default=12.0)
+  ap.add_argument("--doc-prompt", type=_range, default=(4096, 7680))
+  ap.add_argument("--doc-out", type=_range, default=(64, 256))
+  ap.add_argument("--chat-prompt", type=_range, default=(128, 512))
+  ap.add_argument("--chat-out", type=_range, default=(128, 512))
+  ap.add_argument("--prefill-chips", type=int, default=2)
+  ap.add_argument("--decode-chips", type=int, default=2)
+  ap.add_argument("--decode-buckets", default="8,16,32,64",
+                  help="decode batch buckets; the largest is every instance's slot cap")
+  ap.add_argument("--max-model-len", type=int, default=8192)
+  ap.add_argument("--kv-from-memory", action="store_true",
+                  help="each instance's KV pool from its chips' HBM (0.9 of it, less the "
+                       "weights; planning/capacity.py) instead of 8192 pages at every TP")
+  ap.add_argument("--start", default="2x1,2x1",
+                  help="prefill,decode layout queue_balance and remesh start from")
+  ap.add_argument("--schedule", default="",
+                  help="also run remesh with this scheduler.remesh_schedule (an oracle)")
+  ap.add_argument("--compile-s", type=float, default=1.0, help="sim.remesh_compile_s")
   ap.add_argument("--ttft", type=float, default=2.0)
   ap.add_argument("--tpot", type=float, default=0.04)
   ap.add_argument("--cooldown", type=float, default=5.0)
   ap.add_argument("--seeds", type=int, default=3)
   ap.add_argument("--runs", default="", help="comma-separated names (default: all)")
   args = ap.parse_args(argv)
-  names = [n for n in RUNS if not args.runs or n in args.runs.split(",")]
+  runs = make_runs(args)
+  names = [n for n in runs if not args.runs or n in args.runs.split(",")]
   out: dict[str, list[dict]] = {n: [] for n in names}
   with tempfile.TemporaryDirectory() as tmp:
     for seed in range(args.seeds):
       trace = os.path.join(tmp, f"phases_{seed}.jsonl")
-      n = write_trace(trace, seed, args.phase_s, args.phases, args.doc_rate, args.chat_rate)
+      n = write_trace(trace, seed, args)
       for name in names:
-        out[name].append(run_one(args, trace, seed, RUNS[name]))
-  print(f"# simulator, roofline {args.hardware}, {args.model} bfloat16, 4 chips; workload: "
-        f"{args.phases} phases of {args.phase_s:g} s alternating documents (4-7.5k prompt, "
-        f"64-256 out, {args.doc_rate:g} req/s) and chats (128-512 / 128-512, "
-        f"{args.chat_rate:g} req/s), ~{n} requests per seed; SLO TTFT {args.ttft:g} s, TPOT "
-        f"{args.tpot * 1e3:g} ms; {args.seeds} seeds (mean, [min, max])")
-  best_fixed = max(statistics.mean(r["goodput_chip"] for r in out[n]) for n in names
-                   if not n.startswith(("queue_balance", "remesh")))
+        out[name].append(run_one(args, trace, seed, runs[name]))
+  chips = args.prefill_chips + args.decode_chips
+  print(f"# simulator, roofline {args.hardware}, {args.model} bfloat16, {chips} chips "
+        f"(prefill {args.prefill_chips} + decode {args.decode_chips}); workload: "
+        f"{args.phases} phases alternating documents ({args.doc_phase_s or args.phase_s:g} s, "
+        f"prompt {args.doc_prompt[0]}-{args.doc_prompt[1]}, out {args.doc_out[0]}-"
+        f"{args.doc_out[1]}, {args.doc_rate:g} req/s) and chats "
+        f"({args.chat_phase_s or args.phase_s:g} s, prompt {args.chat_prompt[0]}-"
+        f"{args.chat_prompt[1]}, out {args.chat_out[0]}-{args.chat_out[1]}, "
+        f"{args.chat_rate:g} req/s), ~{n} requests per seed; decode buckets "
+        f"{args.decode_buckets}; SLO TTFT {args.ttft:g} s, TPOT {args.tpot * 1e3:g} ms; "
+        f"remesh compile {args.compile_s:g} s, cooldown {args.cooldown:g} s; "
+        f"{args.seeds} seeds (mean, [min, max])")
+  fixed = [n for n in names if not n.startswith(("queue_balance", "remesh"))]
+  best_fixed = max((statistics.mean(r["goodput_chip"] for r in out[n]) for n in fixed),
+                   default=float("nan"))
   for name in names:
     g = [r["goodput_chip"] for r in out[name]]
     att = statistics.mean(r["attainment"] for r in out[name])
@@ -140,9 +217,10 @@ def main(argv=None) -> int:
       extra = f"; re-meshes (seed 0): {out[name][0]['remeshes']}"
     if name.startswith("queue_balance"):
       extra = f"; role switches (seed 0): {out[name][0]['switches']}"
-    print(f"{name:26s} goodput/chip {statistics.mean(g):6.3f} [{min(g):.3f}, {max(g):.3f}] "
+    print(f"{name:30s} goodput/chip {statistics.mean(g):6.3f} [{min(g):.3f}, {max(g):.3f}] "
           f"req/s  (x{statistics.mean(g) / best_fixed:.2f} of the best fixed)  "
-          f"attainment {att:.3f}{extra}")
+          f"attainment {att:.3f}  TTFT p90 {out[name][0]['ttft_p90']:.2f} s TPOT p90 "
+          f"{out[name][0]['tpot_p90'] * 1e3:.1f} ms (seed 0){extra}", flush=True)
   return 0
 
 
