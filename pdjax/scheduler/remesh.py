@@ -67,6 +67,7 @@ class Remesh:
     if hasattr(policy, "cost_of") and cost_of is not None:
       policy.cost_of, policy.switch_s = cost_of, builder.switch_s   # predicted decisions
     self._switch: _Switch | None = None
+    self._kv_on_decode: set[int] = set()   # id(request): its KV waits on a new decode instance
     self.remesh_events: list[dict] = []
     self.instances_used = [w.instance for w in self.workers]   # the new ones appended
 
@@ -184,13 +185,20 @@ class Remesh:
     """Moves what the old instances hold to the new ones; returns the phase's seconds."""
     start = self.clock.now()
     ends = []
+    slots = {id(w): w.max_batch for w in s.new}   # running slots left on each new instance
     for old in s.old:
       for r in list(old.running):
         old.running.remove(r)
-        dst = self._move_kv(s, r, old, ends)
-        if dst is not None:
+        dst = self._move_kv(s, r, old, ends, slots)
+        if dst is None:
+          continue
+        if slots[id(dst)] > 0:
+          slots[id(dst)] -= 1
           dst.running.append(r)
           r.decode_instance = dst.name
+        else:   # more running than the new layout's slots (a merge of full instances): its
+          r.status = Status.TRANSFERRING    # KV waits on dst for a slot, first in the queue
+          s.queued.append((r, dst))
       for r in list(old.waiting):
         old.forget(r)
         dst = max(s.new, key=lambda w: (-w.num_running() - w.num_waiting(), w.free_pages()))
@@ -213,12 +221,14 @@ class Remesh:
       return max(ends, default=start) - start
     return self.clock.now() - start
 
-  def _move_kv(self, s: _Switch, r: Request, src: InstanceQueue, ends: list):
-    """r's KV from src to the new instance with the most free pages; that instance, or None
-    when r was sent to recompute on one (no pool could hold it, or the transfer failed)."""
+  def _move_kv(self, s: _Switch, r: Request, src: InstanceQueue, ends: list,
+               slots: dict | None = None):
+    """r's KV from src to the new instance with the most free pages (with `slots`, of those
+    with a running slot left first); that instance, or None when r was sent to recompute on
+    one (no pool could hold it, or the transfer failed)."""
     now = self.clock.now()
     tokens = src.tables.tokens_of(r.id)
-    dst = max(s.new, key=lambda w: w.free_pages())
+    dst = max(s.new, key=lambda w: ((slots or {}).get(id(w), 0) > 0, w.free_pages()))
     src_pages = src.tables.block_table(r.id)
     why, lands_later = None, False
     if not dst.tables.can_allocate(tokens):
@@ -270,8 +280,9 @@ class Remesh:
     for w in s.new:
       w.paused, w.draining_to = False, None
       self._touch(w)
-    self.transfer_queue.extendleft(reversed([(r, w) for r, w in s.queued
-                                             if not r.status.terminal and r.id in w.tables]))
+    queued = [(r, w) for r, w in s.queued if not r.status.terminal and r.id in w.tables]
+    self._kv_on_decode.update(id(r) for r, _ in queued)
+    self.transfer_queue.extendleft(reversed(queued))
     s.event.update(ok=True, instances_to=[w.name for w in s.new],
                    phases_s=dict(s.phases))
     self._end_switch(s, resume_old=False)

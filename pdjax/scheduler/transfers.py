@@ -26,6 +26,24 @@ class Transfers:
   def _start_transfers(self) -> None:
     while self.transfer_queue:
       r, src = self.transfer_queue[0]
+      here = getattr(self, "_kv_on_decode", None)
+      if here and id(r) in here and src.num_running() < src.max_batch and not src.dead \
+          and not src.paused and r.id in src.tables:
+        # a re-mesh moved its KV onto this decode instance (no slot was free there then):
+        # it joins the running batch with no transfer
+        here.discard(id(r))
+        self.transfer_queue.popleft()
+        self._held_since.pop(id(r), None)
+        now = self.clock.now()
+        if r.transfer_end_s is None:
+          r.transfer_start_s = r.transfer_start_s if r.transfer_start_s is not None else now
+          r.transfer_end_s = now
+        r.status, r.decode_instance = Status.DECODING, src.name
+        if r.decode_start_s is None:
+          r.decode_start_s = now
+        src.join(r)
+        self._touch(src)
+        continue
       need = r.prompt_len + 1          # the prompt's KV plus the first decode step's slot
       eligible = [d for d in self.tier("decode")
                   if d.num_running() < d.max_batch and d.tables.can_allocate(need)]

@@ -89,3 +89,35 @@ def test_split_and_merge_phases_equal_the_hand_computed_costs():
             if s["instance"] in ev["instances_from"] and s["start_s"] < ev["t_s"] < s["end_s"]]
     assert ev["phases_s"]["drain"] == pytest.approx(max(ends, default=ev["t_s"]) - ev["t_s"])
     assert ev["total_s"] == pytest.approx(sum(ev["phases_s"].values()))
+
+
+def test_merge_of_full_instances_waits_for_slots():
+  """A merge of two full decode instances into one with the same slot cap: the sequences over
+  the cap keep their KV on the new instance and join its batch as slots free (no step over the
+  largest bucket, nothing recomputed, the same tokens as without re-meshing)."""
+  def serve(schedule):
+    clock = ManualClock()
+    opts = dataclasses.replace(OPTS, decode_buckets=(4,))
+    make = lambda name, role, tp, pages: SimInstance(
+        name, role, _cost(tp), dataclasses.replace(opts, num_pages=pages), clock=clock,
+        vocab_size=1000, eos_ids=(2,), num_layers=4)
+    insts = [make("prefill-0", "prefill", 1, 256), make("decode-0", "decode", 1, 256),
+             make("decode-1", "decode", 1, 256)]
+    reqs = [Request(id=f"r{i}", arrival_s=0.0, prompt_ids=[5 + i] * (40 + 10 * i),
+                    sampling=SamplingParams(max_new_tokens=40 + 5 * i), eos_ids=())
+            for i in range(8)]
+    policies = policy_lib.build(NAMES, dict(token_budget=512, max_prefill_seqs=4,
+                                            remesh_schedule=schedule), seed=0)
+    result = serving.serve("disaggregated", insts, reqs, clock=clock,
+                           transfer_fn=sim_transfer, policies=policies,
+                           remesh_builder=SimRemeshBuilder(make, _cost(1).weight_bytes,
+                                                           COMPILE_S))
+    assert [r.status for r in result.requests] == [Status.FINISHED] * 8
+    assert serving.kv_pages_leaked(result.instances) == 0
+    return result
+  base = serve("")
+  result = serve("decode:1x2@0.05")
+  assert {r.id: r.output_ids for r in result.requests} == \
+      {r.id: r.output_ids for r in base.requests}
+  merge, = result.remesh_events
+  assert merge["ok"] and merge["migrated"] == 8 and merge["recomputed"] == 0
