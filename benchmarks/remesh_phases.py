@@ -139,7 +139,16 @@ def run_one(args, trace: str, seed: int, spec: dict) -> dict:
   mcfg = config_lib.validate(cfg)
   summary, result, _ = execute(cfg, mcfg, spec["mode"], None, quiet=True)
   chips = args.prefill_chips + args.decode_chips
-  return {"goodput_chip": summary["goodput_rps"] / chips,
+  from pdjax.metrics.summary import meets_slo
+  kinds = {}   # "doc" / "chat" (the phase a request arrived in) -> [met, total]
+  for r in result.requests:
+    kind = "doc" if r.prompt_len >= args.doc_prompt[0] and args.doc_prompt[0] > \
+        args.chat_prompt[1] else "chat"
+    k = kinds.setdefault(kind, [0, 0])
+    k[0] += meets_slo(r, args.ttft, args.tpot)
+    k[1] += 1
+  return {"by_kind": {k: v[0] / v[1] for k, v in kinds.items()},
+          "goodput_chip": summary["goodput_rps"] / chips,
           "attainment": summary["slo_attainment"],
           "ttft_p90": summary["ttft_s"].get("p90"), "tpot_p90": summary["tpot_s"].get("p90"),
           "remeshes": [(round(e["t_s"], 1), e["role"], e["from"], e["to"])
@@ -219,7 +228,8 @@ def main(argv=None) -> int:
       extra = f"; role switches (seed 0): {out[name][0]['switches']}"
     print(f"{name:30s} goodput/chip {statistics.mean(g):6.3f} [{min(g):.3f}, {max(g):.3f}] "
           f"req/s  (x{statistics.mean(g) / best_fixed:.2f} of the best fixed)  "
-          f"attainment {att:.3f}  TTFT p90 {out[name][0]['ttft_p90']:.2f} s TPOT p90 "
+          f"attainment {att:.3f} (docs {statistics.mean(r['by_kind'].get('doc', 0) for r in out[name]):.2f}, "
+          f"chats {statistics.mean(r['by_kind'].get('chat', 0) for r in out[name]):.2f})  TTFT p90 {out[name][0]['ttft_p90']:.2f} s TPOT p90 "
           f"{out[name][0]['tpot_p90'] * 1e3:.1f} ms (seed 0){extra}", flush=True)
   return 0
 
