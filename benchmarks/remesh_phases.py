@@ -153,6 +153,7 @@ def run_one(args, trace: str, seed: int, spec: dict) -> dict:
           "ttft_p90": summary["ttft_s"].get("p90"), "tpot_p90": summary["tpot_s"].get("p90"),
           "remeshes": [(round(e["t_s"], 1), e["role"], e["from"], e["to"])
                        for e in result.remesh_events],
+          "reasons": [e["reason"] for e in result.remesh_events],
           "switches": len(result.role_switches)}
 
 
@@ -192,6 +193,7 @@ def main(argv=None) -> int:
   ap.add_argument("--tpot", type=float, default=0.04)
   ap.add_argument("--cooldown", type=float, default=5.0)
   ap.add_argument("--seeds", type=int, default=3)
+  ap.add_argument("--reasons", action="store_true", help="print each re-mesh's reason")
   ap.add_argument("--runs", default="", help="comma-separated names (default: all)")
   args = ap.parse_args(argv)
   runs = make_runs(args)
@@ -224,6 +226,9 @@ def main(argv=None) -> int:
     extra = ""
     if name.startswith("remesh"):
       extra = f"; re-meshes (seed 0): {out[name][0]['remeshes']}"
+      if args.reasons:
+        extra += "".join(f"\n    {t}: {why}" for (t, *_), why in
+                         zip(out[name][0]["remeshes"], out[name][0]["reasons"]))
     if name.startswith("queue_balance"):
       extra = f"; role switches (seed 0): {out[name][0]['switches']}"
     print(f"{name:30s} goodput/chip {statistics.mean(g):6.3f} [{min(g):.3f}, {max(g):.3f}] "

@@ -79,8 +79,9 @@ class Remesh:
       return
     now = self.clock.now()
     if self._switch is None:
-      plan = self.policies.role_switch.remesh(now, self.tier("prefill"), self.tier("decode"),
-                                              len(self.transfer_queue))
+      plan = self.policies.role_switch.remesh(
+          now, self.tier("prefill"), self.tier("decode"), len(self.transfer_queue),
+          backlog_contexts=[r.prompt_len + 1 for r, _ in self.transfer_queue])
       if plan is not None:
         self._start_remesh(plan, now)
     s = self._switch

@@ -16,8 +16,10 @@ passed since the last re-mesh began:
 When the builder knows every layout's step costs (the simulator; the engine with
 `scheduler.latency_profile`), the decision is predicted instead (policies/remesh_costs.py):
 switch to a layout predicted to drain the queued prompts faster by more than the switch
-costs, or to serve the decode tier's sequences within the TPOT SLO when the current one does
-not. A layout must cover the tier's devices (count x TP constant) with a TP in `allowed_tps`; a tier
+costs, or to serve the decode tier's sequences (the running ones and those waiting for a slot,
+at their own contexts) within the TPOT SLO when the current one does not; when no layout
+serves them all, to the one decoding the most of them per second within the SLO if that pays
+for the switch over the cooldown. A layout must cover the tier's devices (count x TP constant) with a TP in `allowed_tps`; a tier
 is never left empty (count >= 1). Pure Python."""
 
 from __future__ import annotations
@@ -93,9 +95,11 @@ class Remesh(RoleSwitchPolicy):
     self.switch_s = 0.0    # builder, with a switch's expected seconds (remesh_costs.py)
 
   def remesh(self, now: float, prefill_tier: list, decode_tier: list,
-             transfer_backlog: int) -> RemeshPlan | None:
+             transfer_backlog: int, backlog_contexts: list[int] | None = None
+             ) -> RemeshPlan | None:
     """The re-mesh to start now, if any (the driver runs one at a time and asks again once it
-    is done)."""
+    is done). backlog_contexts: the context each prefilled request waiting for a decode slot
+    will start with (its prompt's tokens + 1), when the driver knows them."""
     if self.schedule:
       if self._next < len(self.schedule) and self.schedule[self._next][0] <= now:
         _, role, count, tp = self.schedule[self._next]
@@ -106,7 +110,9 @@ class Remesh(RoleSwitchPolicy):
       return None
     self._last_check = now
     if self.cost_of is not None:
-      plan = self._planned_by_costs(prefill_tier, decode_tier, transfer_backlog)
+      plan = self._planned_by_costs(prefill_tier, decode_tier,
+                                    transfer_backlog if backlog_contexts is None
+                                    else backlog_contexts)
     else:
       plan = (self._decode_plan(decode_tier, transfer_backlog)
               or self._prefill_plan(prefill_tier))
@@ -132,13 +138,14 @@ class Remesh(RoleSwitchPolicy):
     return [(devices // tp, tp) for tp in self.allowed_tps if devices % tp == 0]
 
   def _planned_by_costs(self, prefill_tier: list, decode_tier: list,
-                        backlog: int) -> RemeshPlan | None:
+                        backlog) -> RemeshPlan | None:
     for role, tier in (("decode", decode_tier), ("prefill", prefill_tier)):
       if not tier or len({w.tp for w in tier}) != 1:
         continue
       if role == "decode":
         found = remesh_costs.decode_layout(tier, self._layouts(tier), self.cost_of,
-                                           self.slo_tpot_s, backlog)
+                                           self.slo_tpot_s, backlog, switch_s=self.switch_s,
+                                           horizon_s=self.cooldown_s)
       else:
         found = remesh_costs.prefill_layout(tier, self._layouts(tier), self.cost_of,
                                             self.switch_s)

@@ -8,10 +8,13 @@ costs. Pure Python.
            over its instance count; switch when a layout drains them in under GAIN x the
            current time after paying the switch (`switch_s`: the tier serves nothing while
            it changes).
-  decode   the running sequences plus those waiting for a slot (at the running mean
-           context) spread over the layout's instances; a layout "serves" them when they fit
-           its slots and its predicted decode step is under 0.9 x the TPOT SLO. Switch when the
-           current layout does not serve them and another does (the fastest step among those).
+  decode   the running sequences plus those waiting for a slot (at the contexts they will
+           start with when the driver passes them, else at the running mean context) spread
+           over the layout's instances; a layout "serves" them when they fit its slots and its
+           predicted decode step is under 0.9 x the TPOT SLO. Switch when the current layout
+           does not serve them and another does (the fastest step among those); when none
+           does, to the layout decoding the most sequences per second within the SLO if that
+           pays for the switch over the cooldown (decode_layout).
 """
 
 from __future__ import annotations
@@ -58,30 +61,68 @@ def prefill_layout(tier: list, layouts: list[tuple[int, int]], cost_of, switch_s
 
 
 def decode_layout(tier: list, layouts: list[tuple[int, int]], cost_of, slo_tpot_s: float,
-                  backlog: int):
+                  backlog, switch_s: float = 0.0, horizon_s: float = 0.0):
   """(count, tp, reason) of a decode layout that serves the tier's sequences when the
-  current one does not, or None."""
+  current one does not, or None. backlog: the number of requests waiting for a decode slot
+  (each counted at the running sequences' mean context), or their contexts.
+
+  With horizon_s > switch_s, when no layout serves them all: the layout that decodes the most
+  sequences per second within the TPOT SLO (the most of them, in queue order, its slots and
+  a step under 0.9 x the SLO allow, over that step), when over `horizon_s` (the cooldown:
+  the least time it will serve) it is predicted to decode more than the current one even
+  after `switch_s` with the tier stopped: rate x (horizon - switch) > current rate x
+  horizon."""
   contexts = [r.prompt_len + len(r.output_ids) for w in tier for r in w.running]
-  if not contexts:
+  if isinstance(backlog, int):
+    if not contexts:
+      return None
+    mean = sum(contexts) // len(contexts)
+    wanted = contexts + [mean] * backlog
+  else:
+    wanted = contexts + list(backlog)
+  if not wanted:
     return None
-  mean = sum(contexts) // len(contexts)
-  wanted = contexts + [mean] * backlog
   max_batch = tier[0].max_batch
 
-  def step(count: int, tp: int) -> float:
+  def step_of(seqs: list[int], count: int, tp: int) -> float:
     cost = cost_of("decode", tp)
-    return max(cost.decode_s(g) for g in _spread(wanted, count) if g)
+    return max(cost.decode_s(g) for g in _spread(seqs, count) if g)
+
+  def step(count: int, tp: int) -> float:
+    return step_of(wanted, count, tp)
 
   def serves(count: int, tp: int) -> bool:
     return len(wanted) <= count * max_batch and step(count, tp) <= 0.9 * slo_tpot_s
+
+  def rate(count: int, tp: int) -> tuple[float, int]:
+    """(sequences decoded per second within the SLO, how many) at this layout."""
+    lo, hi = 0, min(len(wanted), count * max_batch)
+    while lo < hi:                       # the step grows with the sequences taken
+      mid = (lo + hi + 1) // 2
+      if step_of(wanted[:mid], count, tp) <= 0.9 * slo_tpot_s:
+        lo = mid
+      else:
+        hi = mid - 1
+    return (lo / step_of(wanted[:lo], count, tp) if lo else 0.0), lo
 
   current = (len(tier), tier[0].tp)
   layouts = _costed(layouts, "decode", cost_of)
   if current not in layouts or serves(*current):
     return None
   good = [lay for lay in layouts if lay != current and serves(*lay)]
-  if not good:
+  if good:
+    best = min(good, key=lambda lay: step(*lay))
+    return (*best, f"{len(wanted)} sequences: predicted step {step(*best) * 1e3:.1f} ms in "
+                   f"{best[0]}x{best[1]}, {step(*current) * 1e3:.1f} ms now")
+  if horizon_s <= switch_s:
     return None
-  best = min(good, key=lambda lay: step(*lay))
-  return (*best, f"{len(wanted)} sequences: predicted step {step(*best) * 1e3:.1f} ms in "
-                 f"{best[0]}x{best[1]}, {step(*current) * 1e3:.1f} ms now")
+  now_rate, now_n = rate(*current)
+  others = [(rate(*lay), lay) for lay in layouts if lay != current]
+  if not others:
+    return None
+  (best_rate, best_n), best = max(others, key=lambda o: o[0][0])
+  if best_rate * (horizon_s - switch_s) <= now_rate * horizon_s:
+    return None
+  return (*best, f"{len(wanted)} sequences, none serves all: {best_n} within the TPOT SLO in "
+                 f"{best[0]}x{best[1]} ({best_rate:.0f} seq/s), {now_n} now "
+                 f"({now_rate:.0f} seq/s)")
