@@ -239,6 +239,33 @@ def test_costed_decode_layout_serves_the_sequences_within_the_tpot_slo():
   assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.01, backlog=0) is None    # served
 
 
+
+def test_costed_decode_layout_counts_the_waiting_at_their_contexts_and_pays_for_the_switch():
+  from pdjax.scheduler.policies.remesh_costs import decode_layout
+  costs = {1: _Cost(per_seq=1e-3, per_ctx=1e-6), 2: _Cost(per_seq=0.6e-3, per_ctx=0.6e-6)}
+  cost_of = lambda role, tp: costs[tp]
+  layouts = [(2, 1), (1, 2)]
+  tier = [_Worker(2, running=[_req(i, 1000, 8) for i in range(4)], max_batch=4)]
+  for r in tier[0].running:
+    r.output_ids = [5]      # context 1001 each; the merged instance's 4 slots are full
+  # 4 short prompts wait for a slot (contexts 11): two TP1 instances hold all 8, each step
+  # 4 x 1 ms + 2 x 1001 + 2 x 11 us = 6.0 ms <= 0.9 x 8 ms; at the running mean context
+  # (1001) they would not (8.0 ms)
+  assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.008, backlog=[11] * 4) == (
+      2, 1, "8 sequences: predicted step 6.0 ms in 2x1, 7.2 ms now")
+  assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.008, backlog=4) is None
+  # 12 waiting: none serves all 16. Now the 4 running (its slots) in a 4.8 ms step, 833
+  # sequences per s; 2x1 takes 8 (4 per instance: 2 long, 2 short) in 6.0 ms, 1329 per s:
+  # 1329 x (5 - 0.1) > 833 x 5
+  backlog = [11] * 12
+  assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.008, backlog=backlog) is None
+  found = decode_layout(tier, layouts, cost_of, slo_tpot_s=0.008, backlog=backlog,
+                        switch_s=0.1, horizon_s=5.0)
+  assert found is not None and found[:2] == (2, 1)
+  # a switch as long as the horizon never pays
+  assert decode_layout(tier, layouts, cost_of, slo_tpot_s=0.008, backlog=backlog,
+                       switch_s=5.0, horizon_s=5.0) is None
+
 def test_a_remesh_of_a_tier_with_a_dead_instance_is_called_off():
   from pdjax.faults.injector import FaultInjector
   from pdjax.faults.spec import FaultSpec
