@@ -1,21 +1,30 @@
 """Re-meshing against fixed placements on a workload whose phases flip (simulator).
 
   python benchmarks/remesh_phases.py [--model=llama3_8b] [--hardware=h100] [--phase-s=30]
-      [--phases=4] [--doc-rate=3] [--chat-rate=12] [--ttft=2.0] [--tpot=0.04] [--seeds=3]
+      [--doc-phase-s=S] [--chat-phase-s=S] [--phases=4] [--doc-rate=3] [--chat-rate=12]
+      [--doc-prompt=4096-7680] [--doc-out=64-256] [--chat-prompt=128-512] [--chat-out=128-512]
+      [--prefill-chips=2] [--decode-chips=2] [--decode-buckets=8,16,32,64] [--kv-from-memory]
+      [--start=2x1,2x1] [--schedule=decode:1x2@30,...] [--compile-s=1] [--ttft=2.0]
+      [--tpot=0.04] [--cooldown=5] [--seeds=3] [--runs=NAME,...] [--reasons]
 
-The workload (a JSONL trace written to a temporary file, seeded): phases of --phase-s seconds
-alternate between long documents (prompts 4,096-7,680 tokens, answers 64-256, Poisson at
---doc-rate) and short chats (prompts 128-512, answers 128-512, Poisson at --chat-rate),
-starting with documents. Every answer runs to its length (no EOS). Four chips for
-disaggregation (prefill 2 + decode 2) and the colocated baselines on the same four chips.
+The workload (a JSONL trace written to a temporary file, seeded): phases alternate between
+long documents (prompts --doc-prompt tokens, answers --doc-out, Poisson at --doc-rate, each
+phase --doc-phase-s long) and short chats (--chat-prompt / --chat-out at --chat-rate, each
+--chat-phase-s), starting with documents; lengths uniform in their ranges; every answer runs
+to its length (no EOS). --phase-s is the length of both when those are not given.
 
-Runs (roofline cost of --hardware, bfloat16): every fixed disaggregated layout of the two
-tiers (2x1 or 1x2 each), colocated 4x1 and 2x2, chunked 4x1, queue_balance role switching on
-P 2x1 + D 2x1, and `scheduler.role_switch=remesh` deciding from the load on P 2x1 + D 2x1.
-Printed per run: goodput per chip (requests meeting both SLOs per second per chip), SLO
-attainment, TTFT / TPOT p90, the re-meshes made; means over --seeds with the min-max spread.
-The goal (issue 31): remesh >= 1.3 x the best fixed placement's goodput per chip, and above
-queue_balance.
+Runs (roofline cost of --hardware, bfloat16) on --prefill-chips + --decode-chips chips: every
+fixed disaggregated layout (each tier's chips in equal instances at every TP 1/2/4/8 dividing
+them, the two TPs dividing one another), colocated and chunked at every TP over all the chips,
+queue_balance role switching and `scheduler.role_switch=remesh` deciding from the load, both
+from the --start layout (prefill,decode), and with --schedule the same re-meshes scripted (an
+oracle: the phases' switch times known). Every run has the same settings: the largest decode
+bucket is every instance's slot cap whatever its TP; with --kv-from-memory each instance's KV
+pool is what its chips' HBM holds after the weights (0.9 of it; planning/capacity.py), else
+8,192 pages at every TP. Printed per run: goodput per chip (requests meeting both SLOs per
+second per chip), SLO attainment (of documents and chats apart), TTFT / TPOT p90, the
+re-meshes made; means over --seeds with the min-max spread. The goal (issue 31): remesh >= 1.3
+x the best fixed placement's goodput per chip, and above queue_balance.
 """
 
 from __future__ import annotations
