@@ -79,9 +79,11 @@ class Remesh:
       return
     now = self.clock.now()
     if self._switch is None:
-      plan = self.policies.role_switch.remesh(
-          now, self.tier("prefill"), self.tier("decode"), len(self.transfer_queue),
-          backlog_contexts=[r.prompt_len + 1 for r, _ in self.transfer_queue])
+      policy = self.policies.role_switch
+      if hasattr(policy, "backlog_contexts"):   # the contexts the waiting will decode from
+        policy.backlog_contexts = [r.prompt_len + 1 for r, _ in self.transfer_queue]
+      plan = policy.remesh(now, self.tier("prefill"), self.tier("decode"),
+                           len(self.transfer_queue))
       if plan is not None:
         self._start_remesh(plan, now)
     s = self._switch

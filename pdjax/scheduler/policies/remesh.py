@@ -93,13 +93,14 @@ class Remesh(RoleSwitchPolicy):
     self._last_remesh = float("-inf")
     self.cost_of = None    # (role, tp) -> a step-cost model; set by the driver from the
     self.switch_s = 0.0    # builder, with a switch's expected seconds (remesh_costs.py)
+    self.backlog_contexts = None   # set by the driver before each call: the context each
+    #                                prefilled request waiting for a decode slot starts with
 
   def remesh(self, now: float, prefill_tier: list, decode_tier: list,
-             transfer_backlog: int, backlog_contexts: list[int] | None = None
-             ) -> RemeshPlan | None:
+             transfer_backlog: int) -> RemeshPlan | None:
     """The re-mesh to start now, if any (the driver runs one at a time and asks again once it
-    is done). backlog_contexts: the context each prefilled request waiting for a decode slot
-    will start with (its prompt's tokens + 1), when the driver knows them."""
+    is done)."""
+    backlog_contexts = self.backlog_contexts
     if self.schedule:
       if self._next < len(self.schedule) and self.schedule[self._next][0] <= now:
         _, role, count, tp = self.schedule[self._next]
