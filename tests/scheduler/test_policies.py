@@ -265,6 +265,32 @@ class TestSloHeadroom:
                                       "headroom": 0.49, "batch_tpot_s": 0.041}
     assert choice == PathChoice("colocated", "decode")
 
+  def test_a_real_steps_end_in_flight_comes_from_the_cost_model(self):
+    """On the engine a step in flight has no known end: its start plus the model's seconds
+    for its plan. decode-0 started a 16-token prefill chunk of a 49-token prompt at -0.01 s
+    with one decode row (context 50) riding along: prefill_s of 17 tokens = 0.027 s, so it
+    ends at 0.017 and the local prefill (7 steps of 16: 0.17 s) is predicted at 0.187 s; a
+    decode step started at 0 ends at 0.02 + 0.0001 x 50 = 0.025."""
+    import types
+    from pdjax.scheduler.instance_queue import Step
+    from pdjax.scheduler.policies import latency_model
+    from pdjax.scheduler.policies.base import StepPlan
+
+    class Cost:
+      prefill_s = staticmethod(lambda chunks: 0.01 + 0.001 * sum(q for q, _ in chunks))
+      decode_s = staticmethod(lambda contexts: 0.02 + 0.0001 * sum(contexts))
+
+    running = _req(8, 49, 2)
+    running.output_ids = [5]                                       # context 50
+    step = Step(StepPlan(chunks=[(_req(7, 49, 2), 0, 16)], decodes=[running]), object(),
+                -0.01, "mixed")
+    assert latency_model.step_end_s(Cost(), step) == pytest.approx(0.017)
+    decode = Step(StepPlan(decodes=[running]), object(), 0.0, "decode")
+    assert latency_model.step_end_s(Cost(), decode) == pytest.approx(0.025)
+    dw = _Signals("decode-0")
+    dw.waiting, dw.in_flight = [], [step]
+    assert latency_model.modelled_prefill_s(Cost(), dw, 100, 16, 0.0) == pytest.approx(0.187)
+
   def test_finished_requests_token_intervals_stretch_the_predicted_tpot(self):
     """decode-0's finished requests measured token intervals (from their second token on:
     (1.3 - 1.0) / 2 = 0.15, then (0.6 - 0.5) / 1 = 0.1: EWMA 0.7 x 0.15 + 0.3 x 0.1 = 0.135)

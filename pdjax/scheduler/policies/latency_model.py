@@ -127,12 +127,26 @@ def step_cost(worker):
   return getattr(getattr(worker, "instance", None), "cost", None)
 
 
+def step_end_s(cost, step) -> float:
+  """When a step in flight ends: known on the virtual clock (a simulated step's `end_s`), else
+  its start plus the cost model's seconds for its plan (a real step: prompt chunks, with the
+  decode rows riding along as one-token chunks, or a decode step)."""
+  end = getattr(step.pending, "end_s", None)
+  if end is not None:
+    return end
+  plan = step.plan
+  contexts = [r.prompt_len + len(r.output_ids) for r in plan.decodes]
+  if plan.chunks:
+    return step.start_s + cost.prefill_s([(stop - start, start) for _, start, stop in plan.chunks]
+                                         + [(1, c - 1) for c in contexts])
+  return step.start_s + cost.decode_s(contexts)
+
+
 def modelled_prefill_s(cost, worker, tokens: int, token_budget: int, now: float) -> float:
-  """Seconds from `now` for worker to finish its steps in flight (a simulated step's end is
-  known), then prefill what waits there and `tokens`, FCFS in steps of at most token_budget
+  """Seconds from `now` for worker to finish its steps in flight (`step_end_s`), then prefill what waits there and `tokens`, FCFS in steps of at most token_budget
   tokens, each step's time from the cost model."""
-  ends = [getattr(s.pending, "end_s", None) for s in worker.steps_in_flight()]
-  total = max([e - now for e in ends if e is not None] + [0.0])
+  ends = [step_end_s(cost, s) for s in worker.steps_in_flight()]
+  total = max([e - now for e in ends] + [0.0])
   step, used = [], 0
   for n in [r.prefill_len - r.num_computed_tokens for r in worker.waiting] + [tokens]:
     while n > 0:
