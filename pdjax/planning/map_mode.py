@@ -256,8 +256,9 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
         "- hybrid (not in the winner): disaggregated splits whose decode instances may prefill "
         f"locally; isl_bounding (length_threshold {sc.length_threshold}, isl_ratio "
         f"{sc.get('isl_ratio', 0.7):g}) walked on every split, slo_headroom per SLO cell on "
-        "the cell's best disaggregated split, its steps = its per-chip goodput against the "
-        f"best of every other kind, in rate lattice steps of x{s.lattice.factor:.3g}")
+        "the cell's best disaggregated split and the one with the fewest prefill chips, its "
+        "steps = its per-chip goodput against the best of every other kind, in rate lattice "
+        f"steps of x{s.lattice.factor:.3g}")
   titled = [(f"{m} on {h}, {x}", cs, [f"{x} {lengths[x]}"]) for (m, h, x), cs in blocks]
   map_output.write_markdown(os.path.join(workdir, "map.md"), header, titled,
                             s.ttft_grid, s.tpot_grid)
