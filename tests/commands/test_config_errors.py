@@ -59,6 +59,8 @@ CASES = [
      "tier has 4"),
     (["--config.scheduler.isl_ratio=1.5"],
      "config error: scheduler.isl_ratio=1.5 must be in (0, 1]"),
+    (["--config.scheduler.local_prefill=split"],
+     "config error: scheduler.local_prefill='split' is not one of ['whole', 'chunked']"),
     (["--config.output.trace_steps=some"],
      "config error: output.trace_steps='some' is not one of ['auto', 'full']"),
     (["--config.model.param_layout=flat"],

@@ -426,3 +426,46 @@ def test_predicted_slo_headroom_admits_within_a_fraction_of_the_slo():
   assert policy.check(_req(0, 80, 1), w, disagg, []) is None           # 0.80 s
   assert policy.check(_req(1, 81, 1), w, disagg, []) == (
       "predicted TTFT 0.81 s > 0.8 x slo.ttft_s 0.80 s")
+
+
+class TestLocalChunked:
+  """scheduler.local_prefill=chunked: the prefill tier plans whole prompts, a decode instance
+  chunks a kept prompt into its running batch (chunk budget 8, token budget 16)."""
+
+  def _policy(self):
+    from pdjax.scheduler.policies.chunked_prefill import ChunkedPrefill
+    from pdjax.scheduler.policies.local_chunked import LocalChunked
+    from pdjax.scheduler.policies.prefill_first import PrefillFirst
+    return LocalChunked(PrefillFirst(token_budget=16, max_prefill_seqs=4),
+                        ChunkedPrefill(chunk_budget=8, max_prefill_seqs=5))
+
+  def test_prefill_tier_whole_decode_tier_chunked(self):
+    prefill, decode = _workers(1, role="prefill")[0], _workers(1, role="decode")[0]
+    running = _req(0, 4, 8)
+    decode.running.append(running)
+    for w in (prefill, decode):
+      w.waiting.append(_req(1, 12, 4))
+    whole = self._policy().plan(prefill, admit=lambda r: True)
+    assert [(r.id, a, b) for r, a, b in whole.chunks] == [("r1", 0, 12)] and whole.decodes == []
+    chunked = self._policy().plan(decode, admit=lambda r: True)
+    assert [(r.id, a, b) for r, a, b in chunked.chunks] == [("r1", 0, 7)]
+    assert chunked.decodes == [running]
+
+
+def test_policies_for_builds_local_chunked_from_the_config():
+  from pdjax import config as config_lib
+  from pdjax.engine import options as options_lib
+  from pdjax.runner.build import policies_for
+  from pdjax.scheduler.policies.local_chunked import LocalChunked
+  cfg = config_lib.load_config_module("configs/default.py").get_config()
+  cfg.scheduler.path = "slo_headroom"
+  opts = options_lib.engine_options(cfg, chunked=True)
+  assert not isinstance(policies_for(cfg, "disaggregated", opts).step, LocalChunked)
+  cfg.scheduler.local_prefill = "chunked"
+  got = policies_for(cfg, "disaggregated", opts)
+  assert isinstance(got.step, LocalChunked)
+  assert (got.step.whole.max_seqs, got.step.chunked.budget) == (
+      cfg.scheduler.max_prefill_seqs, cfg.scheduler.chunk_budget)
+  assert got.path.local_budget == cfg.scheduler.chunk_budget
+  # colocated runs never take it
+  assert not isinstance(policies_for(cfg, "colocated", opts).step, LocalChunked)
