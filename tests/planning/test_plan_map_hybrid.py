@@ -173,3 +173,29 @@ def test_headroom_walks_take_the_cells_best_split_and_the_fewest_prefill_chips()
   assert got == [((0.2, 0.05), "1xP(tp1) + 3xD(tp1) slo_headroom", 1, 0.2, 0.05),
                  ((1.0, 0.05), "2xP(tp1) + 2xD(tp1) slo_headroom", 2, 1.0, 0.05),
                  ((1.0, 0.05), "1xP(tp1) + 3xD(tp1) slo_headroom", 2, 1.0, 0.05)]
+
+
+@pytest.mark.parametrize("local_prefill", ["whole", "chunked"])
+def test_local_prefill_on_the_decode_tier(local_prefill):
+  """length_hybrid keeps every prompt under 10,000 tokens on the decode instance: whole, a
+  prompt runs as prefill steps of up to its length there; chunked, as mixed steps of at most
+  chunk_budget (128) tokens beside the decode rows (with the decode rows: num_tokens counts
+  them too). Every request finishes, no page leaks."""
+  from pdjax.runner import serve_requests
+  cfg = _tiny_map_config()
+  cfg.scheduler.local_prefill, cfg.scheduler.length_threshold = local_prefill, 10000
+  mcfg = config_lib.validate(cfg)
+  pl = Placement("hybrid", (("prefill", 1, 1), ("decode", 1, 1)), "length_hybrid")
+  _, result, instances = execute(plan_lib.placement_config(cfg, mcfg, pl, 800.0), mcfg,
+                                 "disaggregated", None, quiet=True, summarize=False)
+  assert {r.status.value for r in result.requests} == {"finished"}
+  assert serve_requests.kv_pages_leaked(result.instances or instances) == 0
+  assert {r.path for r in result.requests} == {"colocated"}
+  assert max(r.prompt_len for r in result.requests) > 128
+  on_decode = [s for s in result.steps if s["role"] == "decode" and s["kind"] != "decode"]
+  kinds = {s["kind"] for s in on_decode}
+  if local_prefill == "chunked":
+    # (a chunk with no decode running is a "prefill" step, still of <= 128 tokens)
+    assert "mixed" in kinds and max(s["num_tokens"] for s in on_decode) <= 128
+  else:
+    assert "prefill" in kinds and max(s["num_tokens"] for s in on_decode) > 128
