@@ -90,7 +90,7 @@ class Recovery:
   def _wake_s(self) -> float | None:
     """The earliest time something is due besides arrivals: an event or a lease expiry."""
     times = [t for t in (self._next_event_s(), self._remesh_wake_s()) if t is not None]
-    if self.opts.lease_s and self._held_since:
+    if self.opts.lease_s and self._held_since and self._switch is None:
       times.append(min(self._held_since.values()) + self.opts.lease_s)
     return min(times) if times else None
 
@@ -218,8 +218,8 @@ class Recovery:
 
   def _reclaim_leases(self, now: float) -> None:
     lease = self.opts.lease_s
-    if not lease or not self._held_since:
-      return
+    if not lease or not self._held_since or self._switch is not None:
+      return     # (a re-mesh holds the pulls: the leases restart when it ends, _end_switch)
     # the same sum as the wake time in _wake_s, so waking at it always reclaims
     expired = [(r, s) for r, s in self.transfer_queue
                if id(r) in self._held_since and now >= self._held_since[id(r)] + lease]

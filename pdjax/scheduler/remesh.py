@@ -292,6 +292,8 @@ class Remesh:
 
   def _end_switch(self, s: _Switch, resume_old: bool) -> None:
     now = self.clock.now()
+    for key, since in self._held_since.items():   # KV held through the switch: no decode
+      self._held_since[key] = max(since, now)     # instance could pull it, its lease restarts
     if resume_old:
       for w in s.old:
         w.paused, w.draining_to = False, None

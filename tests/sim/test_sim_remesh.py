@@ -121,3 +121,30 @@ def test_merge_of_full_instances_waits_for_slots():
       {r.id: r.output_ids for r in base.requests}
   merge, = result.remesh_events
   assert merge["ok"] and merge["migrated"] == 8 and merge["recomputed"] == 0
+
+
+def test_kv_held_through_a_remesh_keeps_its_lease():
+  """Prompts prefilled while the decode tier re-meshes (0.25 s of compile) wait in the
+  transfer queue longer than their 0.1 s KV lease: no decode instance could pull them, so the
+  lease restarts when the switch ends and every request finishes (without it: failed, "KV
+  lease of 0.1 s expired")."""
+  clock = ManualClock()
+  make = lambda name, role, tp, pages: SimInstance(
+      name, role, _cost(tp), dataclasses.replace(OPTS, num_pages=pages), clock=clock,
+      vocab_size=1000, eos_ids=(2,), num_layers=4)
+  insts = [make("prefill-0", "prefill", 1, 256), make("decode-0", "decode", 2, 512)]
+  reqs = [Request(id=f"r{i}", arrival_s=0.06 + 0.01 * i, prompt_ids=[5 + i] * 40,
+                  sampling=SamplingParams(max_new_tokens=8), eos_ids=()) for i in range(4)]
+  policies = policy_lib.build(NAMES, dict(token_budget=512, max_prefill_seqs=4,
+                                          remesh_schedule="decode:2x1@0.05"), seed=0)
+  result = serving.serve("disaggregated", insts, reqs, clock=clock, transfer_fn=sim_transfer,
+                         policies=policies, lease_s=0.1,
+                         remesh_builder=SimRemeshBuilder(make, _cost(1).weight_bytes,
+                                                         COMPILE_S))
+  assert [(r.status, r.reason) for r in reqs] == [(Status.FINISHED, "")] * 4
+  ev, = result.remesh_events
+  joined = ev["t_s"] + ev["total_s"]
+  assert ev["ok"] and ev["total_s"] > 0.1
+  assert all(r.prefill_end_s + 0.1 < joined for r in reqs)   # held past the lease
+  assert result.faults["pages_reclaimed_by_lease"] == 0
+  assert serving.kv_pages_leaked(result.instances) == 0
