@@ -55,8 +55,6 @@ def _checks(cfg, mcfg):
          cfg.sim.get("remesh_compile_s"), "must be >= 0")
   if s.role_switch != "remesh":
     return
-  yield (cfg.cluster.get("launcher", "local") == "local", "scheduler.role_switch", "remesh",
-         "needs cluster.launcher=local (re-meshing Ray actors is not built yet)")
   yield (not cfg.kv.get("stream_layers", 0), "scheduler.role_switch", "remesh",
          "does not combine with kv.stream_layers yet")
   c = cfg.cluster

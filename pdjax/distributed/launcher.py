@@ -81,11 +81,16 @@ class RayCluster:
 
   def build_instances(self, tiers: list[tuple[str, int, int]], mcfg, opts, *,
                       checkpoint: str = "", seed: int = 0, roles_may_change: bool = False,
-                      opts_by_role: dict | None = None) -> list[RemoteInstance]:
+                      opts_by_role: dict | None = None,
+                      remesh_tps: dict | None = None) -> list[RemoteInstance]:
     """One actor per (role, index), all started and warmed up at once, then every transfer
     bucket run once between each sender and receiver (connections, first copies). The same
-    programs as `engine.cluster.build_instances`."""
-    tps = {role: tuple(sorted({tp for r, _, tp in tiers if r == role or roles_may_change}))
+    programs as `engine.cluster.build_instances`. remesh_tps ({role: TPs}, re-meshing:
+    distributed/remesh.py): the actors of those tiers also send and receive KV at each of
+    those TPs (a re-mesh moves their requests' KV to the new actors)."""
+    remesh_tps = remesh_tps or {}
+    tps = {role: tuple(sorted({tp for r, _, tp in tiers if r == role or roles_may_change}
+                              | set(remesh_tps.get(role, ()))))
            for role in ("prefill", "decode")}
     instances = []
     for role, count, tp in tiers:
@@ -94,10 +99,12 @@ class RayCluster:
                          opts=(opts_by_role or {}).get(role, opts), checkpoint=checkpoint,
                          seed=seed, compile_cache_dir=self.compile_cache_dir,
                          transfer_host=self.transfer_host)
-        sends = role == "prefill" or (roles_may_change and role == "decode")
-        receives = role == "decode" or (roles_may_change and role == "prefill")
+        moves = role in remesh_tps
+        sends = role == "prefill" or moves or (roles_may_change and role == "decode")
+        receives = role == "decode" or moves or (roles_may_change and role == "prefill")
+        to_tp = tuple(sorted(set(tps["decode"]) | (set(tps[role]) if moves else set())))
         instances.append(RemoteInstance(spec, self._new_actor, dict(
-            prefill=True, decode=True, transfer_to_tp=tps["decode"] if sends else (),
+            prefill=True, decode=True, transfer_to_tp=to_tp if sends else (),
             receive=receives)))
     if opts.stream_layers or any(o.stream_layers for o in (opts_by_role or {}).values()):
       for inst in instances:   # (prefill may stream KV by layer groups: ray_transfer.py)
@@ -109,12 +116,16 @@ class RayCluster:
     self._warm_up_transfers(instances)
     return instances
 
-  def _warm_up_transfers(self, instances) -> None:
+  def _warm_up_transfers(self, instances, involving=None) -> None:
+    """Every transfer bucket once between each sender and receiver of `instances` (with
+    `involving`: only the pairs one of those is in)."""
     pulls = []
     for src in instances:
       for dst in instances:
         a, b = src._warm_up_args, dst._warm_up_args
         if src is dst or dst.tp not in a["transfer_to_tp"] or not b["receive"]:
+          continue
+        if involving is not None and src not in involving and dst not in involving:
           continue
         groups = (group_bounds(src.spec.model.num_layers, src.opts.stream_layers)
                   if src.opts.stream_layers else ())

@@ -94,10 +94,14 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
     serve_kwargs = dict(clock=clock, transfer_fn=sim_transfer,
                         fast_forward=bool(cfg.sim.get("fast_forward", True)))
   elif ray_cluster is not None:
+    remesh_tps = None
+    if mode == "disaggregated" and cfg.scheduler.role_switch == "remesh":
+      remesh_tps = {role: tuple(tp for _, tp in lays) for role, lays in
+                    config_remesh.remesh_layouts(cfg, mcfg).items() if lays}
     instances = ray_cluster.build_instances(
         tiers, mcfg, opts, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
         roles_may_change=cfg.scheduler.role_switch == "queue_balance",
-        opts_by_role=options_lib.tier_options(cfg, opts))
+        opts_by_role=options_lib.tier_options(cfg, opts), remesh_tps=remesh_tps)
     serve_kwargs = dict(transfer_fn=ray_cluster.transfer_fn)
   else:
     from pdjax.engine.cluster import build_instances
@@ -115,7 +119,7 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
       serve_kwargs["transfer_fn"] = transfer_through_host_tier
   if mode == "disaggregated" and cfg.scheduler.role_switch == "remesh":
     serve_kwargs.update(remesh_builder=_remesh_builder(cfg, mcfg, instances, prepare,
-                                                       host_params, progress),
+                                                       host_params, progress, ray_cluster),
                         remesh_drain=cfg.scheduler.get("remesh_drain", "migrate"))
   kv = cfg.kv
   serve_kwargs.update(policies=policies_for(cfg, run, opts),
@@ -159,9 +163,13 @@ def _preparer(cfg, mcfg):
   return prepare
 
 
-def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress):
-  """scheduler.role_switch=remesh: the simulator's builder (modelled phases) or the engine's,
-  its standby instances for the allowed layouts compiled now (engine/remesh.py)."""
+def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress, ray_cluster=None):
+  """scheduler.role_switch=remesh: the simulator's builder (modelled phases), the Ray
+  launcher's (new actors replace the old: distributed/remesh.py) or the engine's, its standby
+  instances for the allowed layouts compiled now (engine/remesh.py)."""
+  if ray_cluster is not None:
+    from pdjax.distributed.remesh import RayRemeshBuilder
+    return RayRemeshBuilder(ray_cluster, instances)
   if cfg.backend == "sim":
     import dataclasses
     from pdjax.sim.hardware import HARDWARE

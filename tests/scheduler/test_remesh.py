@@ -165,9 +165,8 @@ def test_prefill_remesh_holds_arrivals_until_the_new_instances_join():
      "scheduler.remesh_schedule='decode:1x4@1' needs scheduler.role_switch='remesh'"),
     (dict(role_switch="remesh", remesh_drain="wait"),
      "scheduler.remesh_drain='wait' is not one of ['migrate', 'finish']"),
-    (dict(role_switch="remesh", launcher="ray"),
-     "scheduler.role_switch='remesh' needs cluster.launcher=local (re-meshing Ray actors is not "
-     "built yet)"),
+    (dict(role_switch="remesh", launcher="ray", remesh_schedule="decode:1x4@1,decode:4x1@2"),
+     None),
 ], ids=["fits", "too_many_devices", "without_remesh", "drain", "ray"])
 def test_remesh_config_errors_are_one_line(overrides, message):
   from pdjax import config as config_lib
