@@ -289,7 +289,8 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
       if on_progress and self._terminal != done:
         on_progress(self._terminal - done)
       done = self._terminal
-      if inflight or turn_now or self._pending_transfers or self._restarting or self._touched:
+      if (inflight or turn_now or self._pending_transfers or self._restarting or self._touched
+          or self._remesh_ready()):
         continue
       if done >= self._taken and not arrivals:
         if inbox is None or inbox.closed:

@@ -91,6 +91,12 @@ class Remesh:
       s.phases["drain"] = now - s.start_s
       self._build(s, now)
 
+  def _remesh_ready(self) -> bool:
+    """A re-mesh waits only for the next turn to build (its old instances went quiet this
+    turn, e.g. when the last KV transfer into them landed after the re-mesh's turn)."""
+    s = self._switch
+    return s is not None and s.built_s is None and self._quiescent(s)
+
   def remesh_holds(self, tier: str) -> bool:
     """Whether `tier` has no instance serving because a re-mesh replaces it."""
     return self._switch is not None and self._switch.plan.role == tier and not self.tier(tier)

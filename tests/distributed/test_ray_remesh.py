@@ -9,6 +9,7 @@ import os
 import pytest
 
 from conftest import tiny_engine_options
+from helpers.remesh_policies import WhenDecoding
 from helpers.ray_fixtures import hf_outputs, ray_cluster  # noqa: F401  (fixtures)
 from pdjax.distributed.remesh import RayRemeshBuilder
 from pdjax.models.llama_config import config_from_hf
@@ -16,8 +17,6 @@ from pdjax.request import Request, SamplingParams, Status
 from pdjax.runner import serve_requests as serving
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.errors import DeviceError
-from pdjax.scheduler.policies.base import RoleSwitchPolicy
-from pdjax.scheduler.policies.remesh import RemeshPlan
 
 pytestmark = pytest.mark.slow
 
@@ -28,24 +27,6 @@ PROMPTS = [[1, 5, 9, 14, 27, 3, 88], [1, 100], [1] + list(range(10, 60)), [1, 7,
 MAX_NEW = [24, 20, 28, 32, 22, 26]
 NAMES = dict(prefill_router="least_loaded", decode_router="least_loaded", path="always_disagg",
              admission="none", colocated_policy="prefill_first", role_switch="none")
-
-
-class WhenDecoding(RoleSwitchPolicy):
-  """Merge once 4 sequences decode on the decode tier, split back once a request finished on
-  the merged actor (each switch moves live KV, whatever the machine's speed)."""
-
-  def __init__(self):
-    self.stage = 0
-
-  def remesh(self, now, prefill_tier, decode_tier, transfer_backlog):
-    busy = sum(len(w.running) for w in decode_tier)
-    if self.stage == 0 and len(decode_tier) == 2 and busy >= 4:
-      self.stage = 1
-      return RemeshPlan("decode", 1, 2, f"{busy} decoding")
-    if self.stage == 1 and len(decode_tier) == 1 and busy >= 2 and decode_tier[0].token_interval_s:
-      self.stage = 2
-      return RemeshPlan("decode", 2, 1, "a request finished on the merged actor")
-    return None
 
 
 def _requests():
@@ -111,7 +92,8 @@ def test_a_failed_start_leaves_the_old_actors_serving(ray_cluster, actors, hf_ou
   from pdjax.distributed.remote import RemoteInstance
   monkeypatch.setattr(RemoteInstance, "start", failing_start)
   result = _serve(ray_cluster, instances, builder, WhenDecoding())
-  assert [r.status for r in result.requests] == [Status.FINISHED] * len(PROMPTS)
+  assert [r.status for r in result.requests] == [Status.FINISHED] * len(PROMPTS), [
+      (r.id, r.reason, r.fallbacks) for r in result.requests]
   assert [r.output_ids for r in result.requests] == hf_outputs
   failed, = result.remesh_events
   assert failed["ok"] is False and "injected start failure" in failed["error"]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_engine_options
+from helpers.remesh_policies import WhenDecoding
 from pdjax.engine.cluster import build_instances
 from pdjax.engine.instance import Instance
 from pdjax.engine.remesh import EngineRemeshBuilder
@@ -16,30 +17,9 @@ from pdjax.request import Request, SamplingParams, Status
 from pdjax.runner.serve_requests import serve
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.errors import DeviceError
-from pdjax.scheduler.policies.base import RoleSwitchPolicy
-from pdjax.scheduler.policies.remesh import RemeshPlan
 
 NAMES = dict(prefill_router="least_loaded", decode_router="least_loaded", path="always_disagg",
              admission="none", colocated_policy="prefill_first", role_switch="none")
-
-
-class WhenDecoding(RoleSwitchPolicy):
-  """Merges the decode tier into one TP2 instance once `running` sequences decode on it, then
-  splits it back once a request has finished there: each switch moves live KV, whatever the
-  machine's speed."""
-
-  def __init__(self, running: int):
-    self.running, self.stage = running, 0
-
-  def remesh(self, now, prefill_tier, decode_tier, transfer_backlog):
-    busy = sum(len(w.running) for w in decode_tier)
-    if self.stage == 0 and len(decode_tier) == 2 and busy >= self.running:
-      self.stage = 1
-      return RemeshPlan("decode", 1, 2, f"{busy} decoding")
-    if self.stage == 1 and len(decode_tier) == 1 and busy >= 2 and decode_tier[0].token_interval_s:
-      self.stage = 2
-      return RemeshPlan("decode", 2, 1, "a request finished on the merged instance")
-    return None
 
 
 def _requests():
