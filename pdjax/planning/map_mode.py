@@ -173,8 +173,10 @@ def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "
   map_runs.collect(tasks, map_walks.run_walks(tasks, workers(cfg)), out, runs_out, arrays)
   if "slo_headroom" in s.hybrid:
     cell_tasks = map_hybrid.headroom_tasks(cfg, s, out, combos)
-    _log(f"slo_headroom: {len(cell_tasks)} walks, one per (model, hardware, mix, SLO cell)")
-    map_runs.collect(cell_tasks, map_walks.run_walks(cell_tasks, workers(cfg)), out, runs_out, arrays)
+    _log(f"slo_headroom: {len(cell_tasks)} walks, per (model, hardware, mix, SLO cell) one "
+         f"on each of up to two splits")
+    map_runs.collect(cell_tasks, map_walks.run_walks(cell_tasks, workers(cfg)), out, runs_out,
+                     arrays)
   _log(f"  {time.time() - t0:.0f} s")
   return out
 

@@ -149,6 +149,7 @@ class Recovery:
     self._held_since.pop(id(req), None)
     self._retrying.pop(id(req), None)
     self._in_transfer.pop(id(req), None)
+    self._kv_on_decode.discard(id(req))
     still = []
     for t in self._pending_transfers:
       if t[0] is req:

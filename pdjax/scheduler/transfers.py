@@ -26,12 +26,11 @@ class Transfers:
   def _start_transfers(self) -> None:
     while self.transfer_queue:
       r, src = self.transfer_queue[0]
-      here = getattr(self, "_kv_on_decode", None)
-      if here and id(r) in here and src.num_running() < src.max_batch and not src.dead \
-          and not src.paused and r.id in src.tables:
+      if (id(r) in self._kv_on_decode and src.num_running() < src.max_batch and not src.dead
+          and not src.paused and r.id in src.tables):
         # a re-mesh moved its KV onto this decode instance (no slot was free there then):
         # it joins the running batch with no transfer
-        here.discard(id(r))
+        self._kv_on_decode.discard(id(r))
         self.transfer_queue.popleft()
         self._held_since.pop(id(r), None)
         now = self.clock.now()

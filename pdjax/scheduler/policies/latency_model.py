@@ -107,8 +107,9 @@ def batch_tpot_s(dw, step_s: float, stall_s: float) -> float | None:
   """The worst TPOT among dw's running requests when a local prefill of stall_s device seconds
   runs between their decode steps: a request's TPOT is its decode time over its tokens after
   the first, so the stall adds stall_s / (its tokens - 1) to each token interval. Requests
-  holding a slot there (KV on its way) count as running. None when nothing runs there. A local path's headroom is judged on this too: a prefill that meets its
-  own SLOs by stalling a batch of short answers past theirs is not headroom."""
+  holding a slot there (KV on its way) count as running. None when nothing runs there. A
+  local path's headroom is judged on this too: a prefill that meets its own SLOs by stalling
+  a batch of short answers past theirs is not headroom."""
   batch = [*dw.running, *dw.reserved.values()]
   if not batch:
     return None
@@ -143,8 +144,9 @@ def step_end_s(cost, step) -> float:
 
 
 def modelled_prefill_s(cost, worker, tokens: int, token_budget: int, now: float) -> float:
-  """Seconds from `now` for worker to finish its steps in flight (`step_end_s`), then prefill what waits there and `tokens`, FCFS in steps of at most token_budget
-  tokens, each step's time from the cost model."""
+  """Seconds from `now` for worker to finish its steps in flight (`step_end_s`), then prefill
+  what waits there and `tokens`, FCFS in steps of at most token_budget tokens, each step's
+  time from the cost model."""
   ends = [step_end_s(cost, s) for s in worker.steps_in_flight()]
   total = max([e - now for e in ends] + [0.0])
   step, used = [], 0

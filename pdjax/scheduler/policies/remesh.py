@@ -19,8 +19,8 @@ switch to a layout predicted to drain the queued prompts faster by more than the
 costs, or to serve the decode tier's sequences (the running ones and those waiting for a slot,
 at their own contexts) within the TPOT SLO when the current one does not; when no layout
 serves them all, to the one decoding the most of them per second within the SLO if that pays
-for the switch over the cooldown. A layout must cover the tier's devices (count x TP constant) with a TP in `allowed_tps`; a tier
-is never left empty (count >= 1). Pure Python."""
+for the switch over the cooldown. A layout must cover the tier's devices (count x TP
+constant) with a TP in `allowed_tps`; a tier is never left empty (count >= 1). Pure Python."""
 
 from __future__ import annotations
 
