@@ -200,6 +200,16 @@ def sim_profile(cfg, mcfg: LlamaConfig) -> dict | None:
   return _checked_profile(cfg, mcfg, cfg.sim.profile or DEFAULT_PROFILE, "sim.profile")
 
 
+def latency_feedback(cfg) -> int:
+  """slo_headroom's feedback window (scheduler.latency_feedback; 0 off): auto (-1) is 16
+  requests on the real engine and off on the simulator, whose predictions come from the step
+  model its instances run (an error there is the policy's, which a correction would hide)."""
+  window = cfg.scheduler.get("latency_feedback", -1)
+  if window == -1:
+    return 16 if cfg.backend == "jax" else 0
+  return window
+
+
 def latency_profile(cfg, mcfg: LlamaConfig) -> dict | None:
   """The calibrated profile the real engine's path predictions use (scheduler.latency_profile:
   slo_headroom's step costs instead of measured rates), checked as sim_profile's; None when
@@ -355,6 +365,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
            "must be in (0, 1]")
   _require(s.get("local_prefill", "whole") in ("whole", "chunked"), "scheduler.local_prefill",
            s.get("local_prefill", "whole"), "is not one of ['whole', 'chunked']")
+  _require(s.get("latency_feedback", -1) >= -1, "scheduler.latency_feedback",
+           s.get("latency_feedback", -1), "must be >= 0 (requests), or -1 (auto)")
 
   trace_steps = cfg.get("output", {}).get("trace_steps", "auto")
   _require(trace_steps in ("auto", "full"), "output.trace_steps", trace_steps,

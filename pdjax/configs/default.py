@@ -106,6 +106,11 @@ def get_config(arg=None):
   c.scheduler.latency_profile = ""              # slo_headroom on the real engine: predict step
                                                 #   costs from this calibrated profile ("" =
                                                 #   measured rates)
+  c.scheduler.latency_feedback = -1             # slo_headroom: add to a TTFT prediction the
+                                                #   median residual (measured - predicted) of
+                                                #   the last N on its path and prompt size;
+                                                #   0 off, -1 auto (16 on the engine, off on
+                                                #   the simulator)
   c.scheduler.saturation = 0.9                  # load_hybrid: decode tier "full" at this share
   c.scheduler.admission_headroom = 1.0           # predicted_slo: admit within this x the SLO
   c.scheduler.max_queue = 32                    # queue_bound: waiting requests per instance

@@ -34,7 +34,8 @@ def policies_for(cfg, run: str, opts):
                 headroom=sc.get("admission_headroom", 1.0), isl_ratio=sc.get("isl_ratio", 0.7),
                 remesh_schedule=sc.get("remesh_schedule", ""),
                 remesh_cooldown_s=sc.get("remesh_cooldown_s", 5.0),
-                local_prefill=local_prefill(cfg, run))
+                local_prefill=local_prefill(cfg, run),
+                latency_feedback=config_lib.latency_feedback(cfg))
   if sc.role_switch == "remesh":
     params["allowed_tps"] = config_remesh.remesh_tps(cfg, config_lib.model_config(cfg))
   policies = policy_lib.build(names, params, seed=cfg.seed)
@@ -151,11 +152,16 @@ def _preparer(cfg, mcfg):
                  cfg.kv.get("host_tier_handoff", "transfer"))
 
   if profile is not None:   # (scheduler/policies/latency_model.py)
+    import jax
     from pdjax.sim.calibrated import cost_from_profile
+    # On the CPU every instance of this machine runs its programs on the same cores: a step
+    # waits for the others' steps in flight (latency_model.host_wait_s)
+    shares_host = jax.default_backend() == "cpu" and not cfg.cluster.get("ray_address", "")
 
   def prepare(inst) -> None:
     if profile is not None:
       inst.cost = cost_from_profile(profile, inst.tp, inst.opts)
+      inst.shares_host = shares_host
     if cfg.kv.prefix_cache:
       inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)
     if host_tier is not None:

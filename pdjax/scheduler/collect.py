@@ -124,6 +124,8 @@ class Collect:
     """Appends a generated token; finishes the request (freeing its pages) when it is done:
     EOS, max_new_tokens, or the run's listener says so (a server's stop string)."""
     done = req.add_token(token, now)
+    if len(req.token_times) == 1:
+      self.policies.path.observe_first_token(req)
     if self._listener is not None and self._listener.on_token(req):
       done = req.stopped_by_listener = True
     if not done:

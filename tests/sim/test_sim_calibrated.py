@@ -264,6 +264,7 @@ def test_a_latency_profile_gives_the_engines_instances_a_cost_model(monkeypatch)
   monkeypatch.setattr("pdjax.engine.cluster.build_instances", fakes)
   _, instances, _ = build.build_run(cfg, mcfg, "disaggregated", None)
   assert [type(i.cost).__name__ for i in instances] == ["CalibratedCost"] * 4
+  assert [i.shares_host for i in instances] == [True] * 4      # (CPU: one host's cores)
   assert instances[0].cost.prefill_buckets == tuple(cfg.scheduler.prefill_buckets)
 
 

@@ -44,6 +44,10 @@ class PathPolicy:
              picks: tuple | None = None) -> PathChoice:
     raise NotImplementedError
 
+  def observe_first_token(self, req: Request) -> None:
+    """req's first token arrived (its TTFT is measured): a policy that learns from what it
+    predicted reads it here."""
+
 
 class AdmissionPolicy:
   """Accepts a routed request (None) or rejects it with a one-line reason."""

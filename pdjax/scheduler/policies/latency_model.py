@@ -28,7 +28,9 @@ arrives now, at its arrival time), then the prompts waiting there and this one p
 into steps of the token budget, each step's seconds from the model (bucket padding included:
 a lone short prompt costs its bucket, which a tokens-per-second rate misses), the decode step
 from the running batch's contexts plus this one, the transfer from the model's link unless
-one was measured.
+one was measured. Where the instances share one host's cores (the real engine on the CPU:
+every instance's programs run on the same cores, one after another), a step also waits for
+the steps in flight on the other instances (`host_wait_s`).
 """
 
 from __future__ import annotations
@@ -88,12 +90,17 @@ class PathPrediction:
   headroom: float
   batch_tpot_s: float | None = None   # local: the running batch's worst TPOT with it (None:
                                       # nothing runs there)
+  feedback: dict | None = None   # the online correction in ttft_s / tpot_s and its size class
+                                 # (latency_feedback.py; None: off)
 
   def to_json(self) -> dict:
     out = {"ttft_s": round(self.ttft_s, 6), "tpot_s": round(self.tpot_s, 6),
            "cost_s": round(self.cost_s, 6), "headroom": round(self.headroom, 4)}
     if self.batch_tpot_s is not None:
       out["batch_tpot_s"] = round(self.batch_tpot_s, 6)
+    if self.feedback is not None:
+      out["feedback"] = {k: round(v, 6) if isinstance(v, float) else v
+                         for k, v in self.feedback.items()}
     return out
 
 
@@ -143,12 +150,25 @@ def step_end_s(cost, step) -> float:
   return step.start_s + cost.decode_s(contexts)
 
 
-def modelled_prefill_s(cost, worker, tokens: int, token_budget: int, now: float) -> float:
-  """Seconds from `now` for worker to finish its steps in flight (`step_end_s`), then prefill
-  what waits there and `tokens`, FCFS in steps of at most token_budget tokens, each step's
-  time from the cost model."""
+def host_wait_s(worker, host: list, now: float) -> float:
+  """Seconds from `now` until the steps in flight on the other instances that share worker's
+  host cores have ended (each from its own cost model: `step_end_s`); 0 unless worker's
+  instance shares them (`shares_host`: set on the real engine's instances on the CPU)."""
+  if not getattr(getattr(worker, "instance", None), "shares_host", False):
+    return 0.0
+  ends = [step_end_s(cost, s) - now for w in host if w is not worker
+          and getattr(w.instance, "shares_host", False) and (cost := step_cost(w)) is not None
+          for s in w.steps_in_flight()]
+  return max(ends + [0.0])
+
+
+def modelled_prefill_s(cost, worker, tokens: int, token_budget: int, now: float,
+                       wait_s: float = 0.0) -> float:
+  """Seconds from `now` for worker to finish its steps in flight (`step_end_s`) and wait
+  wait_s (`host_wait_s`), then prefill what waits there and `tokens`, FCFS in steps of at
+  most token_budget tokens, each step's time from the cost model."""
   ends = [step_end_s(cost, s) for s in worker.steps_in_flight()]
-  total = max([e - now for e in ends] + [0.0])
+  total = max([e - now for e in ends] + [wait_s, 0.0])
   step, used = [], 0
   for n in [r.prefill_len - r.num_computed_tokens for r in worker.waiting] + [tokens]:
     while n > 0:
@@ -186,14 +206,15 @@ def modelled_transfer_s(cost, dst, req, shared_salt: str = "") -> float:
 
 
 def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int,
-                   shared_salt: str = "") -> PathPrediction | None:
+                   shared_salt: str = "", host: list = ()) -> PathPrediction | None:
   """Prefill on pw, KV to dw, decode there. None while pw's prefill rate or dw's decode step
   is unmeasured (an unmeasured transfer counts 0 until one lands), unless the instances carry
-  a cost model."""
+  a cost model (then `host`: every worker of the run, for `host_wait_s`)."""
   tokens = uncached_tokens(pw, req, shared_salt)
   pcost, dcost = step_cost(pw), step_cost(dw)
   if pcost is not None and dcost is not None:
-    ttft = modelled_prefill_s(pcost, pw, tokens, token_budget, req.arrival_s)
+    ttft = modelled_prefill_s(pcost, pw, tokens, token_budget, req.arrival_s,
+                              host_wait_s(pw, host, req.arrival_s))
     transfer = modelled_transfer_s(dcost, dw, req, shared_salt)
     tpot = modelled_step_s(dcost, dw, req) + transfer / max(req.sampling.max_new_tokens - 1, 1)
     cost = pcost.prefill_s([(tokens, 0)]) + transfer
@@ -209,13 +230,14 @@ def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int,
 
 
 def predict_local(req, dw, prefill_tier: list, slo: tuple[float, float], token_budget: int,
-                  shared_salt: str = "") -> PathPrediction | None:
+                  shared_salt: str = "", host: list = ()) -> PathPrediction | None:
   """Prefill on the decode worker dw, chunked into its batch, and decode there. Without a
   prefill rate of its own, the prefill tier's per-step rate (scaled by TP) plus a decode step
   per prefill step stands in. None while nothing gives a rate or dw's decode step."""
   tokens, cost = uncached_tokens(dw, req, shared_salt), step_cost(dw)
   if cost is not None:
-    ttft = modelled_prefill_s(cost, dw, tokens, token_budget, req.arrival_s)
+    ttft = modelled_prefill_s(cost, dw, tokens, token_budget, req.arrival_s,
+                              host_wait_s(dw, host, req.arrival_s))
     tpot = modelled_step_s(cost, dw, req)
     stall = cost.prefill_s([(tokens, 0)])
     return _local(ttft, tpot, stall * (1 + dw.num_running()), batch_tpot_s(dw, tpot, stall),
