@@ -12,6 +12,7 @@ import os
 
 from pdjax.config_remesh import remesh_error
 from pdjax.kv.host_tier import HOST_TIER_POLICIES
+from pdjax.kv.offload_admission import HOST_TIER_ADMISSIONS
 from pdjax.kv.prefix_cache import EVICTION_POLICIES
 from pdjax.models.llama_config import PRESETS, LlamaConfig, config_from_hf
 from pdjax.models.orbax_checkpoint import checkpoint_format
@@ -145,6 +146,12 @@ def _check_host_tier(cfg) -> None:
            "must be an integer >= 0 (0: no host tier)")
   _require(kv.get("host_tier_policy", "lru") in HOST_TIER_POLICIES, "kv.host_tier_policy",
            kv.get("host_tier_policy"), f"is not one of {', '.join(HOST_TIER_POLICIES)}")
+  admission = kv.get("host_tier_admission", "all")
+  _require(admission in HOST_TIER_ADMISSIONS, "kv.host_tier_admission", admission,
+           f"is not one of {', '.join(HOST_TIER_ADMISSIONS)}")
+  half_life = kv.get("host_tier_half_life_s", 60.0)
+  _require(math.isfinite(half_life) and half_life > 0, "kv.host_tier_half_life_s", half_life,
+           "must be a finite number > 0")
   _require(kv.get("host_tier_handoff", "transfer") in ("transfer", "host"),
            "kv.host_tier_handoff", kv.get("host_tier_handoff"), "is not one of transfer, host")
   _require(kv.get("host_tier_handoff", "transfer") == "transfer" or pages,

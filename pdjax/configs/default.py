@@ -68,6 +68,9 @@ def get_config(arg=None):
   c.kv.host_tier_pages = 0                 # host-memory tier of evicted prefix pages, shared by
                                            #   the node's instances (0: off; needs prefix_cache)
   c.kv.host_tier_policy = "lru"            # host tier eviction: lru | lfu
+  c.kv.host_tier_admission = "all"         # which evicted pages it takes: all | reused (hit
+                                           #   on the device) | frequency (decaying count >= 2)
+  c.kv.host_tier_half_life_s = 60.0        # frequency: a page's count halves per this idle
   c.kv.host_tier_handoff = "transfer"      # P -> D: transfer (device to device) | host (write
                                            #   the prompt's pages through the host tier)
   c.kv.transfer_failure_policy = "retry_then_recompute"   # or "fail"

@@ -12,6 +12,9 @@ ever read half-written. Landed pages are evicted least recently used first (`lfu
 hits first, ties by recency) when the tier is full; pages still being written are never
 evicted, and a write that finds the tier full of them is refused (counted).
 
+Which evicted pages are offered at all is the tier's `admission` (kv/offload_admission.py:
+every page, pages reused on the device, or a decaying frequency filter), asked before any copy.
+
 Offload (the prefix cache's on_drop), reloads (BlockTables.allocate_prefix / pending_loads),
 the routers' view (InstanceQueue.prefix_credit) and the write-through hand-off build on it.
 """
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+
+from pdjax.kv.offload_admission import AllPages
 
 HOST_TIER_POLICIES = ("lru", "lfu")
 
@@ -37,15 +42,17 @@ class HostPage:
 
 class HostTier:
 
-  def __init__(self, capacity_pages: int, policy: str = "lru"):
+  def __init__(self, capacity_pages: int, policy: str = "lru", admission=None):
     if capacity_pages < 1:
       raise ValueError(f"capacity_pages must be >= 1, got {capacity_pages}")
     if policy not in HOST_TIER_POLICIES:
       raise ValueError(f"policy must be one of {HOST_TIER_POLICIES}, got {policy!r}")
     self.capacity, self.policy = capacity_pages, policy
+    self.admission = admission or AllPages()
     self._pages: collections.OrderedDict[bytes, HostPage] = collections.OrderedDict()  # LRU
     self.stats = collections.Counter()   # offloaded, refused, duplicates, hit_pages,
-                                         # lookups, hit_lookups, evictions, flushed, aborted
+                                         # lookups, hit_lookups, evictions, flushed, aborted,
+                                         # not_admitted
 
   def __len__(self) -> int:
     return len(self._pages)
@@ -54,6 +61,14 @@ class HostTier:
     return name in self._pages
 
   # ---- writes ---------------------------------------------------------------------------
+
+  def admits(self, name: bytes, hits: int, last_used_s: float) -> bool:
+    """Whether an evicted device page (hit `hits` times while cached, last used then) is
+    worth offloading: the admission policy's call, counted when it says no."""
+    if self.admission.admit(name, hits, last_used_s):
+      return True
+    self.stats["not_admitted"] += 1
+    return False
 
   def offer(self, name: bytes, salt: str, owner: str, payload, *, writer: str,
             ready_s: float, now: float) -> bool:

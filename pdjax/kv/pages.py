@@ -120,7 +120,13 @@ class BlockTables:
     reloads the tier's pages that continue a device hit. Needs the prefix cache."""
     if self.cache is None:
       raise ValueError("a host tier needs the prefix cache (page names)")
-    self.host, self.cache.on_drop = tier, offload
+    cache = self.cache
+
+    def on_drop(page: int, name: bytes, salt: str) -> None:
+      if tier.admits(name, cache.hits_of(page), cache.idle_since(page)):   # (admission)
+        offload(page, name, salt)
+
+    self.host, cache.on_drop = tier, on_drop
 
   def take_loads(self) -> list[tuple[int, object]]:
     """The host pages to write into this pool before the next step runs: (page, payload)."""

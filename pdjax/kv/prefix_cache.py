@@ -112,6 +112,14 @@ class PrefixCache:
     """(name, salt) of a cached page; None when the page is not named."""
     return self._entry.get(page)
 
+  def hits_of(self, page: int) -> int:
+    """How often sequences took this cached page (acquire) since it was named."""
+    return self._page_hits[page]
+
+  def idle_since(self, page: int) -> float:
+    """When an evictable page was last used (released or named); 0 when in use."""
+    return self._idle.get(page, 0.0)
+
   def num_idle(self, pages: list[int]) -> int:
     """How many of these pages are evictable right now."""
     return sum(1 for p in pages if p in self._idle)

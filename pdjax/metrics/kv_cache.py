@@ -62,8 +62,10 @@ def host_tier_summary(instances) -> dict:
   page_bytes = instances[0].kv_bytes(1) if hasattr(instances[0], "kv_bytes") else 0
   s = tier.stats
   return {
-      "capacity_pages": tier.capacity, "policy": tier.policy, "pages_at_end": len(tier),
-      "offloaded_pages": s["offloaded"], "refused_pages": s["refused"],
+      "capacity_pages": tier.capacity, "policy": tier.policy,
+      "admission": tier.admission.name, "pages_at_end": len(tier),
+      "offloaded_pages": s["offloaded"], "not_admitted_pages": s["not_admitted"],
+      "refused_pages": s["refused"],
       "evicted_pages": s["evictions"], "flushed_pages": s["flushed"],
       "lost_in_flight_pages": s["aborted"],
       "lookups": s["lookups"], "hit_lookups": s["hit_lookups"], "hit_pages": s["hit_pages"],

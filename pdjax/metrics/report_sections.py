@@ -216,9 +216,11 @@ def host_tier_section(h: dict) -> list[str]:
   """The node's host KV tier (kv.host_tier_pages), beside the device pools' prefix cache."""
   mib = 1 / (1 << 20)
   lines = ["## Host KV tier", "",
-           f"- {h['capacity_pages']} pages ({h['policy']}); {h['pages_at_end']} held at the end",
+           f"- {h['capacity_pages']} pages ({h['policy']}, admission "
+           f"{h['admission']}); {h['pages_at_end']} held at the end",
            f"- Offloaded from device pools: {h['offloaded_pages']} pages "
-           f"({h['offloaded_bytes'] * mib:.2f} MiB); refused (full of writes in flight): "
+           f"({h['offloaded_bytes'] * mib:.2f} MiB); not admitted: "
+           f"{h['not_admitted_pages']}; refused (full of writes in flight): "
            f"{h['refused_pages']}; evicted: {h['evicted_pages']}; flushed: "
            f"{h['flushed_pages']}; lost with their writer: {h['lost_in_flight_pages']}",
            f"- Reload lookups: {h['lookups']}, with a hit: {h['hit_lookups']}; pages reloaded: "

@@ -145,9 +145,13 @@ def _preparer(cfg, mcfg):
   host_tier = None
   if cfg.kv.get("host_tier_pages", 0):
     from pdjax.kv.host_tier import HostTier
+    from pdjax.kv.offload_admission import make_admission
     from pdjax.sim.hardware import HARDWARE
     gbps = cfg.sim.get("host_link_gbps", 0.0)
-    host_tier = (HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy),
+    admission = make_admission(cfg.kv.get("host_tier_admission", "all"),
+                               half_life_s=cfg.kv.get("host_tier_half_life_s", 60.0),
+                               memory=4 * cfg.kv.host_tier_pages)
+    host_tier = (HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy, admission),
                  gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s,
                  cfg.kv.get("host_tier_handoff", "transfer"))
 

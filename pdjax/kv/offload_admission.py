@@ -1,0 +1,87 @@
+"""Which evicted prefix pages a node's host tier takes (`kv.host_tier_admission`). Pure Python.
+
+Offloading every evicted page writes the host link and the tier full of pages nobody asks for
+again: in the short-request and cache-miss floods, 120-220 GiB were written for 1.5-5% read
+back; vLLM's offloading connector measured about zero host hits the same way. The systems
+users run filter first:
+
+  all        every evicted page (what pdjax did before this policy existed)
+  reused     a page hit at least once on the device while it was cached there (SGLang
+             HiCache's write_through_selective, with a threshold of one hit)
+  frequency  a decaying use count per page name, node-wide, as Dynamo's KVBM filters: a page
+             starts at 1 when first computed, doubles on each device hit and each time it is
+             computed again after an eviction, and halves at every multiple of `half_life_s`
+             (on the run's clock) that passed between two of its uses; it is offloaded when
+             its count reaches 2. So a page used twice within one period is kept (hit once,
+             or recomputed once), a page seen once is not, and a hot page (hit often:
+             doubled often) stays eligible for several periods after its last use.
+
+The decision is made when the device prefix cache drops the page (PrefixCache.on_drop), from
+the hits it had while cached and when it was last used; nothing is copied for a page refused.
+The frequency counts of pages no longer on a device are kept for the `memory` most recently
+dropped names (older ones start over at 1).
+"""
+
+from __future__ import annotations
+
+import collections
+
+HOST_TIER_ADMISSIONS = ("all", "reused", "frequency")
+THRESHOLD = 2.0
+
+
+class AllPages:
+  name = "all"
+
+  def admit(self, name: bytes, hits: int, last_used_s: float) -> bool:
+    return True
+
+
+class ReusedPages:
+  name = "reused"
+
+  def admit(self, name: bytes, hits: int, last_used_s: float) -> bool:
+    return hits >= 1
+
+
+class FrequencyFilter:
+  name = "frequency"
+
+  def __init__(self, half_life_s: float, memory: int):
+    if half_life_s <= 0 or memory < 1:
+      raise ValueError(f"frequency filter: half_life_s {half_life_s} must be > 0 and memory "
+                       f"{memory} >= 1")
+    self.half_life_s, self.memory = half_life_s, memory
+    self._seen: collections.OrderedDict[bytes, tuple[float, float]] = (
+        collections.OrderedDict())   # name -> (count, when), least recently dropped first
+
+  def count(self, name: bytes, hits: int, last_used_s: float) -> float:
+    """The page's count when last used: its earlier count, halved per period boundary passed
+    since, doubled (it was computed again); or 1 when first seen. Doubled per hit since."""
+    earlier = self._seen.get(name)
+    if earlier is None:
+      base = 1.0
+    else:
+      count, when = earlier
+      periods = int(last_used_s // self.half_life_s) - int(when // self.half_life_s)
+      base = 2.0 * count * 0.5 ** max(periods, 0)
+    return base * 2.0 ** hits
+
+  def admit(self, name: bytes, hits: int, last_used_s: float) -> bool:
+    count = self.count(name, hits, last_used_s)
+    self._seen[name] = (count, last_used_s)
+    self._seen.move_to_end(name)
+    while len(self._seen) > self.memory:
+      self._seen.popitem(last=False)
+    return count >= THRESHOLD
+
+
+def make_admission(name: str, *, half_life_s: float = 60.0, memory: int = 1 << 16):
+  if name == "all":
+    return AllPages()
+  if name == "reused":
+    return ReusedPages()
+  if name == "frequency":
+    return FrequencyFilter(half_life_s, memory)
+  raise ValueError(f"host tier admission {name!r} is not one of "
+                   f"{', '.join(HOST_TIER_ADMISSIONS)}")

@@ -1,0 +1,105 @@
+"""kv.host_tier_admission: which evicted device pages the host tier takes, decided on
+hand-built hit histories (the policies), and in a simulated run (the tier's counts)."""
+
+import pytest
+
+from pdjax.kv.host_tier import HostTier
+from pdjax.kv.offload_admission import FrequencyFilter, make_admission
+
+
+def test_all_takes_every_page_reused_only_pages_hit_on_the_device():
+  every, reused = make_admission("all"), make_admission("reused")
+  assert [every.admit(b"p", hits, 0.0) for hits in (0, 1, 5)] == [True, True, True]
+  assert [reused.admit(b"p", hits, 0.0) for hits in (0, 1, 5)] == [False, True, True]
+
+
+def test_the_frequency_filter_on_hand_built_histories():
+  """Period 60 s. Each line: (name, hits while cached, last use) -> count, offloaded."""
+  f = FrequencyFilter(half_life_s=60.0, memory=100)
+  history = [
+      (b"a", 0, 5.0, 1.0, False),     # computed once, never hit
+      (b"a", 0, 30.0, 2.0, True),     # computed again in the same period: seen twice
+      (b"b", 1, 5.0, 2.0, True),      # hit once on the device
+      (b"c", 0, 50.0, 1.0, False),
+      (b"c", 0, 70.0, 1.0, False),    # again, but a period boundary passed: 2 x 1 / 2
+      (b"c", 0, 75.0, 2.0, True),     # and again in that period
+      (b"d", 3, 0.0, 8.0, True),      # hot: 2^3
+      (b"d", 0, 200.0, 2.0, True),    # 3 periods later: 2 x 8 / 8
+      (b"d", 0, 400.0, 0.5, False),   # 3 more: 2 x 2 / 8
+  ]
+  for name, hits, when, count, admitted in history:
+    assert (f.count(name, hits, when), f.admit(name, hits, when)) == (count, admitted), name
+
+
+def test_the_frequency_filter_forgets_the_least_recently_dropped_names():
+  f = FrequencyFilter(half_life_s=60.0, memory=2)
+  for name in (b"x", b"y", b"z"):
+    assert f.admit(name, 0, 1.0) is False
+  assert f.admit(b"x", 0, 2.0) is False         # forgotten: starts over at 1
+  assert f.admit(b"z", 0, 2.0) is True          # remembered: seen twice
+
+
+def test_bad_names_and_parameters_are_one_line_errors():
+  with pytest.raises(ValueError, match=r"^host tier admission 'some' is not one of all, "
+                                       r"reused, frequency$"):
+    make_admission("some")
+  with pytest.raises(ValueError, match=r"half_life_s 0 must be > 0 and memory 5 >= 1"):
+    FrequencyFilter(0, 5)
+
+
+def test_the_tier_counts_what_its_admission_refused():
+  tier = HostTier(8, admission=make_admission("reused"))
+  assert tier.admits(b"p", 1, 0.0) and not tier.admits(b"q", 0, 0.0)
+  assert tier.stats["not_admitted"] == 1
+  assert HostTier(8).admission.name == "all"
+
+
+def _serve(tmp_path, admission, hit_before_eviction):
+  """test_host_tier_serving's run: r0 caches X (4 pages), three fillers evict it, r4 asks for
+  X again at 4 s; with hit_before_eviction another request takes X's 4 pages at 0.5 s (its own
+  fifth page is new)."""
+  import json
+  import random
+
+  from helpers import sim_snapshots
+  from pdjax import config as config_lib
+  from pdjax.runner.execute import execute
+  from test_host_tier_serving import X
+  rng = random.Random(1)
+  rows = [{"arrival_s": 0.0, "prompt_ids": X, "output_len": 1, "tenant": "a"}]
+  if hit_before_eviction:
+    rows.append({"arrival_s": 0.5, "prompt_ids": X + [9] * 16, "output_len": 1, "tenant": "a"})
+  rows += [{"arrival_s": float(i), "prompt_ids": [rng.randrange(3, 500) for _ in range(112)],
+            "output_len": 1, "tenant": "a"} for i in (1, 2, 3)]
+  rows.append({"arrival_s": 4.0, "prompt_ids": X + [7] * 16, "output_len": 4, "tenant": "a"})
+  path = tmp_path / "trace.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  cfg = sim_snapshots._config({
+      "backend": "sim", "mode": "colocated", "workload.kind": "jsonl",
+      "workload.path": str(path), "workload.num_requests": len(rows),
+      "cluster.colocated.instances": 1, "kv.page_size": 16, "kv.max_model_len": 128,
+      "kv.pages_per_instance": 16, "kv.prefix_cache": True, "kv.host_tier_pages": 64,
+      "kv.host_tier_admission": admission})
+  summary, result, _ = execute(cfg, config_lib.validate(cfg), "colocated", None, quiet=True)
+  assert summary["kv_pages_leaked"] == 0
+  assert {r.status.value for r in result.requests} == {"finished"}
+  return summary["kv_cache"], result.requests[-1]
+
+
+@pytest.mark.parametrize("admission,hit,offloaded,reloaded_tokens", [
+    ("all", False, None, 64), ("reused", False, 0, 0), ("frequency", False, 0, 0),
+    ("all", True, None, 64), ("reused", True, 4, 64), ("frequency", True, 4, 64)])
+def test_only_admitted_pages_are_written_and_reloaded(tmp_path, admission, hit, offloaded,
+                                                      reloaded_tokens):
+  """Without a hit nothing of X (nor of the fillers, never reused) passes reused or frequency,
+  so r4 recomputes X; once another request hit X's 4 pages, exactly those are written and r4
+  reloads them. Every device eviction is either offered to the tier or not admitted."""
+  kv, last = _serve(tmp_path, admission, hit)
+  host = kv["host_tier"]
+  assert host["admission"] == admission
+  assert last.cached_tokens == reloaded_tokens
+  if offloaded is not None:
+    assert host["offloaded_pages"] == offloaded
+  offered = host["offloaded_pages"] + host["refused_pages"]
+  assert offered + host["not_admitted_pages"] == kv["evictions"] + kv["expiries"]
+  assert (host["not_admitted_pages"] == 0) == (admission == "all")
