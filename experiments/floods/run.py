@@ -44,6 +44,7 @@ import numpy as np
 
 SIM_BASE = [
     "--config=configs/default.py", "--config.backend=sim", "--config.progress=False",
+    "--config.repeats=1",   # (one run each: the default config repeats 5 times)
     "--config.model.preset=llama3_8b", "--config.model.dtype=bfloat16",
     "--config.sim.hardware=h100", "--config.mode=compare",
     "--config.cluster.prefill.instances=2", "--config.cluster.prefill.tp=1",
@@ -64,6 +65,7 @@ HOST_PAGES = 24576   # 48 GiB of host memory for the node at 2 MiB a page
 # pages, scattered back before the step that reads them) with REAL_HOST_PAGES pages.
 REAL_BASE = [
     "--config=configs/default.py", "--config.backend=jax", "--config.progress=False",
+    "--config.repeats=1",
     "--config.mode=compare", "--config.kv.prefix_cache=True",
     "--config.kv.pages_per_instance=96", "--config.kv.max_model_len=512",
     "--config.slo.ttft_s=1.0", "--config.slo.tpot_s=0.1",

@@ -49,6 +49,7 @@ class HostTier:
       raise ValueError(f"policy must be one of {HOST_TIER_POLICIES}, got {policy!r}")
     self.capacity, self.policy = capacity_pages, policy
     self.admission = admission or AllPages()
+    self.audit, self.page_bytes = None, 0   # the run's KvAudit (attach_audit)
     self._pages: collections.OrderedDict[bytes, HostPage] = collections.OrderedDict()  # LRU
     self.stats = collections.Counter()   # offloaded, refused, duplicates, hit_pages,
                                          # lookups, hit_lookups, evictions, flushed, aborted,
@@ -59,6 +60,14 @@ class HostTier:
 
   def __contains__(self, name: bytes) -> bool:
     return name in self._pages
+
+  def attach_audit(self, audit, page_bytes: int) -> None:
+    """Records the tier's offloads, evictions and flushes in the run's audit (kv/audit.py)."""
+    self.audit, self.page_bytes = audit, page_bytes
+
+  def _record(self, event: str, instance: str, salt: str, pages: int) -> None:
+    if self.audit is not None:
+      self.audit.record(event, "host", instance, salt, pages, self.page_bytes)
 
   # ---- writes ---------------------------------------------------------------------------
 
@@ -82,6 +91,7 @@ class HostTier:
       return False
     self._pages[name] = HostPage(salt, owner, payload, writer, ready_s, now)
     self.stats["offloaded"] += 1
+    self._record("offload", writer, salt, 1)
     return True
 
   def drop_writer(self, writer: str, now: float) -> int:
@@ -98,6 +108,7 @@ class HostTier:
     for n in gone:
       del self._pages[n]
     self.stats["flushed"] += len(gone)
+    self._record("flush", "", salt, len(gone))
     return len(gone)
 
   # ---- reads ----------------------------------------------------------------------------
@@ -151,6 +162,6 @@ class HostTier:
       victim = next(landed, (None,))[0]
     if victim is None:
       return False
-    del self._pages[victim]
+    self._record("evict", "", self._pages.pop(victim).salt, 1)
     self.stats["evictions"] += 1
     return True

@@ -99,6 +99,7 @@ class BlockTables:
     self._tables: dict[str, list[int]] = {}
     self.cache = None                       # a PrefixCache once enable_prefix_cache() runs
     self.host = None                        # a node's HostTier once attach_host() runs
+    self.audit = None                       # (event, tier, salt, pages) once attach_audit()
     self.pending_loads: dict[int, object] = {}   # page -> host payload to write before the
                                                  # next step (a prefix reloaded from the host)
     self._names: dict[str, tuple[list[bytes], str]] = {}   # seq -> (page names, salt)
@@ -127,6 +128,15 @@ class BlockTables:
         offload(page, name, salt)
 
     self.host, cache.on_drop = tier, on_drop
+
+  def attach_audit(self, audit, instance: str, page_bytes: int) -> None:
+    """Records this pool's KV events in the run's audit (kv/audit.py) under `instance`: its
+    prefix cache's evictions, expiries and flushes, and its reloads from the host tier."""
+    if self.cache is None:
+      raise ValueError("a KV audit needs the prefix cache (only named pages have a lifecycle)")
+    self.audit = lambda event, tier, salt, pages: audit.record(event, tier, instance, salt,
+                                                               pages, page_bytes)
+    self.cache.on_event = lambda event, salt, pages: self.audit(event, "device", salt, pages)
 
   def take_loads(self) -> list[tuple[int, object]]:
     """The host pages to write into this pool before the next step runs: (page, payload)."""
@@ -278,6 +288,8 @@ class BlockTables:
       fresh = self._tables[seq_id][len(hits):len(hits) + reloaded]
       payloads = self.host.take(names[len(hits):len(hits) + reloaded], salt, now)
       self.pending_loads.update(zip(fresh, payloads))
+      if reloaded and self.audit is not None:
+        self.audit("reload", "host", salt, reloaded)
     return (len(hits) + reloaded) * self.page_size
 
   def _allocate_or_none(self, seq_id: str, num_tokens: int, owner: str = "") -> bool:

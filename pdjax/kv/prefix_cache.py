@@ -90,6 +90,9 @@ class PrefixCache:
     # consistent; the driver then treats the instance as dead (Steps._offload_failed).
     self.on_drop = None
     self.offload_error: DeviceError | None = None
+    # Called with (event, salt, pages) for the audit trail (kv/audit.py): "evict", "expire",
+    # "flush" (BlockTables.attach_audit); None: not audited.
+    self.on_event = None
 
   # ---- lookups --------------------------------------------------------------------------
 
@@ -192,6 +195,7 @@ class PrefixCache:
       old.append(p)
     for p in old:
       self._offload(p)
+      self._audit("expire", p)
       self._drop(p)
     self.stats["expiries"] += len(old)
     return len(old)
@@ -202,6 +206,8 @@ class PrefixCache:
     pages = [p for p, (_, s) in self._entry.items() if s == salt]
     for p in pages:
       self._drop(p)
+    if self.on_event is not None:   # (pages 0 too: the audit shows the flush reached here)
+      self.on_event("flush", salt, len(pages))
     return len(pages)
 
   def clear(self) -> int:
@@ -219,9 +225,14 @@ class PrefixCache:
     else:
       victim = next(iter(self._idle))
     self._offload(victim)
+    self._audit("evict", victim)
     self._drop(victim)
     self.stats["evictions"] += 1
     return True
+
+  def _audit(self, event: str, page: int) -> None:
+    if self.on_event is not None:
+      self.on_event(event, self._entry[page][1], 1)
 
   def take_offload_error(self) -> DeviceError | None:
     """The first offload failure since the last call (None if none), cleared."""

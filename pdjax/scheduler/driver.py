@@ -34,6 +34,7 @@ import numpy as np
 
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
+from pdjax.kv.audit import KvAudit
 from pdjax.kv.prefix_cache import flush_tenant
 from pdjax.metrics import columns
 from pdjax.request import Request, Status
@@ -108,6 +109,8 @@ class RunResult:
                              # (scheduler/remesh.py): layouts, phases' seconds, moved requests
   instances: list = dataclasses.field(default_factory=list)   # every instance the run used,
                              # those a re-mesh replaced and made included
+  kv_audit: Sequence[dict] = dataclasses.field(default_factory=list)   # kv_audit.jsonl's
+                             # lines (kv/audit.py; empty without the prefix cache)
 
   def step_counts(self) -> dict[str, dict[str, int]]:
     """{instance: {kind: steps}}, both in order of first appearance."""
@@ -163,6 +166,10 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     self.preemptions = 0
     self.segment_steps = 0   # steps collected in decode segments (scheduler/decode_segments.py)
     self.flushes: list[dict] = []
+    self.kv_audit = (KvAudit(self.clock.now, self._records("kv_audit"))
+                     if any(w.instance.tables.cache is not None for w in workers) else None)
+    for w in workers:
+      self._audit(w)
     self.injector = injector or FaultInjector(FaultSpec())
     self._by_name = {w.name: w for w in workers}
     self._terminal = 0
@@ -180,6 +187,17 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     self._open: dict[int, Request] = {}   # id -> taken, not terminal yet
     self._taken = 0
     self.tally = Tally()
+
+  def _audit(self, w: InstanceQueue) -> None:
+    """w's pool (and the host tier it shares) record their KV events in the run's audit."""
+    tables = w.instance.tables
+    if self.kv_audit is None or tables.cache is None:
+      return
+    kv_bytes = getattr(w.instance, "kv_bytes", None)
+    page_bytes = kv_bytes(1) if kv_bytes is not None else 0
+    tables.attach_audit(self.kv_audit, w.name, page_bytes)
+    if tables.host is not None:
+      tables.host.attach_audit(self.kv_audit, page_bytes)
 
   def _records(self, name: str) -> list:
     return [] if self.spill_dir is None else SpilledList(f"{self.spill_dir}/{name}.pkl")
@@ -321,11 +339,14 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     self._check_transfers_not_all_failed()
     if segments:
       self._settle_segments()
+    if self.kv_audit is not None:
+      self.kv_audit.close()
     return RunResult(self.requests, self.transfers, self.clock.now(), self.steps, self.samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
                       **self.fault_counts}, fast_forwarded, self.tally, self.segment_steps,
-                     self.remesh_events, self.instances_used)
+                     self.remesh_events, self.instances_used,
+                     self.kv_audit.sink if self.kv_audit is not None else [])
 
   def _take_inbox(self, inbox, arrivals: deque) -> None:
     """New requests join the arrivals (stamped by their submitter), cancellations apply, calls

@@ -177,6 +177,7 @@ class Remesh:
     for inst in instances:
       w = InstanceQueue(inst, s.plan.role, max_batch)
       w.draining_to, w.paused = "remesh", True   # not in the tier until the rejoin
+      self._audit(w)
       self._index[id(w)] = len(self.workers)
       self.workers.append(w)
       self._by_name[w.name] = w
