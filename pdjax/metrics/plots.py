@@ -291,3 +291,25 @@ def plot_plan(rows: Sequence[tuple[str, str, float]], path: str, top: int = 25) 
   ax.grid(alpha=0.3, axis="x")
   fig.tight_layout()
   return _save(fig, path)
+
+
+def plot_kv_store(samples: Sequence[dict], capacity_pages: int, path: str) -> str:
+  """The node's host KV store (kv.host_tier_pages) over the run: pages held, against its
+  capacity (the samples' host_tier_pages)."""
+  from pdjax.metrics import columns
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(8, 3))
+  has = columns.present(samples, "host_tier_pages")
+  if has.any():
+    t, pages = (a[has] for a in columns.numbers(samples, ("t", "host_tier_pages"),
+                                                {"host_tier_pages": -1.0}))
+    ax.step(t, pages, where="post", label="pages held")
+    ax.axhline(capacity_pages, color="gray", linestyle="--", label=f"capacity {capacity_pages}")
+    ax.legend(loc="lower right")
+  else:
+    _note(ax, "no host KV tier")
+  ax.set_xlabel("time (s)")
+  ax.set_ylabel("host tier pages")
+  ax.set_title("KV store occupancy")
+  fig.tight_layout()
+  return _save(fig, path)

@@ -23,7 +23,7 @@ def _fmt(value, spec: str) -> str:
 
 
 EXTRA_KEYS = ("tiers", "rejects_by_reason", "preemptions", "role_switches", "kv_cache",
-              "faults", "paths", "remesh_events")
+              "faults", "paths", "remesh_events", "kv_layer")
 
 
 def _report_md(summary: dict, extras: dict | None = None) -> str:

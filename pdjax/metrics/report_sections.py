@@ -120,6 +120,8 @@ def extra_sections(extras: dict) -> list[str]:
     lines += kv_pages_section(extras["kv_cache"])
   if extras.get("kv_cache", {}).get("enabled"):
     lines += kv_cache_section(extras["kv_cache"])
+  if "kv_layer" in extras:
+    lines += kv_layer_section(extras["kv_layer"])
   if "faults" in extras:
     lines += faults_section(extras["faults"], extras.get("num_requests"))
   if "paths" in extras:
@@ -258,3 +260,22 @@ def benefit_section(rows: Sequence[dict]) -> list[str]:
   header = ["prompt len", "n", "prefill saved (ms)", "KV transfer (ms)",
             "decode extra (ms)", "net (ms)", "better"]
   return lines + md_table(header, body, "lrrrrrl") + [""]
+
+
+def kv_layer_section(k: dict) -> list[str]:
+  """The KV layer on its own (metrics/kv_layer.py), when the run had the prefix cache."""
+  mib = 1 / (1 << 20)
+  lines = ["## KV layer", "",
+           f"- Pages evicted: device {k['evicted_pages']['device']}, host "
+           f"{k['evicted_pages']['host']}; expired: device {k['expired_pages']['device']}; "
+           f"flushed: device {k['flushed_pages']['device']}, host {k['flushed_pages']['host']}",
+           f"- Bytes offloaded to the host tier {k['offloaded_bytes'] * mib:.2f} MiB, reloaded "
+           f"{k['reloaded_bytes'] * mib:.2f} MiB, moved across nodes "
+           f"{k['cross_node_bytes'] * mib:.2f} MiB",
+           f"- Internal fragmentation: {100 * k['internal_fragmentation']:.1f}%; audit lines "
+           f"(kv_audit.jsonl): {k['audit_lines']}", ""]
+  for salt, hot in k["hot_prefixes_by_tenant"].items():
+    rows = [[h["prefix"], str(h["tokens"]), str(h["hits"])] for h in hot]
+    lines += [f"Hot prefixes of {salt}:", ""]
+    lines += md_table(["prefix", "tokens", "hits"], rows, "lrr") + [""]
+  return lines

@@ -23,10 +23,14 @@ def write_outputs(workdir: str, cfg, run: str, summary: dict, result,
   from pdjax.metrics.trace import write_chrome_trace
   write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": run},
                   requests=None if requests_written else result.requests, summary=summary)
+  os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
   if result.kv_audit:   # (kv/audit.py: with the prefix cache on)
     with open(os.path.join(workdir, "kv_audit.jsonl"), "w") as f:
       f.writelines(json.dumps(line) + "\n" for line in result.kv_audit)
-  os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
+  host = summary.get("kv_cache", {}).get("host_tier")
+  if host is not None:
+    plots.plot_kv_store(result.samples, host["capacity_pages"],
+                        os.path.join(workdir, "plots", "kv_store.png"))
   plots.plot_latency_cdfs({run: result.requests}, os.path.join(workdir, "plots", "latency_cdf.png"))
   plots.plot_tier_timeline(result.steps, result.samples, result.role_switches,
                            os.path.join(workdir, "plots", "tier_timeline.png"))

@@ -83,7 +83,7 @@ def _serve(tmp_path, admission, hit_before_eviction):
   summary, result, _ = execute(cfg, config_lib.validate(cfg), "colocated", None, quiet=True)
   assert summary["kv_pages_leaked"] == 0
   assert {r.status.value for r in result.requests} == {"finished"}
-  return summary["kv_cache"], result.requests[-1]
+  return summary, result.requests[-1]
 
 
 @pytest.mark.parametrize("admission,hit,offloaded,reloaded_tokens", [
@@ -94,7 +94,8 @@ def test_only_admitted_pages_are_written_and_reloaded(tmp_path, admission, hit, 
   """Without a hit nothing of X (nor of the fillers, never reused) passes reused or frequency,
   so r4 recomputes X; once another request hit X's 4 pages, exactly those are written and r4
   reloads them. Every device eviction is either offered to the tier or not admitted."""
-  kv, last = _serve(tmp_path, admission, hit)
+  summary, last = _serve(tmp_path, admission, hit)
+  kv = summary["kv_cache"]
   host = kv["host_tier"]
   assert host["admission"] == admission
   assert last.cached_tokens == reloaded_tokens
@@ -103,3 +104,22 @@ def test_only_admitted_pages_are_written_and_reloaded(tmp_path, admission, hit, 
   offered = host["offloaded_pages"] + host["refused_pages"]
   assert offered + host["not_admitted_pages"] == kv["evictions"] + kv["expiries"]
   assert (host["not_admitted_pages"] == 0) == (admission == "all")
+
+
+def test_the_kv_layer_section_counts_by_tier_and_names_hot_prefixes_by_hash(tmp_path):
+  """With the hit at 0.5 s and admission reused: X's 4 pages (64 tokens) are tenant a's one hot
+  prefix (hit once on the device); 4 pages offloaded, 4 reloaded, 16 KiB each."""
+  from pdjax.metrics.report_sections import kv_layer_section
+  summary, _ = _serve(tmp_path, "reused", True)
+  kv, layer = summary["kv_cache"], summary["kv_layer"]
+  [hot] = layer["hot_prefixes_by_tenant"]["tenant:a"]
+  assert (hot["tokens"], hot["hits"], len(hot["prefix"])) == (64, 1, 12)
+  assert (layer["offloaded_bytes"], layer["reloaded_bytes"], layer["cross_node_bytes"]) == (
+      4 * 16384, 4 * 16384, 0)
+  assert layer["evicted_pages"] == {"device": kv["evictions"], "host": 0}
+  lines = kv_layer_section(layer)
+  assert lines[2] == (f"- Pages evicted: device {kv['evictions']}, host 0; expired: device 0; "
+                      "flushed: device 0, host 0")
+  assert lines[3] == ("- Bytes offloaded to the host tier 0.06 MiB, reloaded 0.06 MiB, moved "
+                      "across nodes 0.00 MiB")
+  assert lines[-2] == f"| {hot['prefix']} | 64 | 1 |"

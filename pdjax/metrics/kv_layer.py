@@ -1,0 +1,55 @@
+"""The KV layer on its own (summary.json `kv_layer`, report.md "KV layer"): what the article
+behind pdjax asks a KV service to show: hot prefixes per tenant, pages evicted and expired per
+tier, fragmentation, the bytes that moved between tiers and nodes, and the host store's
+occupancy over time (plots/kv_store.png). Pure Python; the section is in report_sections.py.
+
+Counts come from the run's audit trail (kv/audit.py: one source for the audit file and these
+numbers) and the prefix caches' hit counters. Prefixes show as the first 12 hex digits of
+their deepest page's name and a token count, never as token ids.
+"""
+
+from __future__ import annotations
+
+import collections
+
+TOP_PER_TENANT = 10
+PREFIX_HEX = 12
+
+
+def kv_layer_summary(audit_lines, caches, fragmentation: float) -> dict:
+  """audit_lines: RunResult.kv_audit; caches: the instances' PrefixCaches."""
+  pages = collections.Counter()
+  bytes_ = collections.Counter()
+  for line in audit_lines:
+    pages[line["event"], line["tier"]] += line["pages"]
+    bytes_[line["event"]] += line["bytes"]
+  return {
+      "hot_prefixes_by_tenant": hot_prefixes_by_tenant(caches),
+      "evicted_pages": {"device": pages["evict", "device"], "host": pages["evict", "host"]},
+      "expired_pages": {"device": pages["expire", "device"], "host": pages["expire", "host"]},
+      "flushed_pages": {"device": pages["flush", "device"], "host": pages["flush", "host"]},
+      "internal_fragmentation": fragmentation,
+      "offloaded_bytes": bytes_["offload"], "reloaded_bytes": bytes_["reload"],
+      "cross_node_bytes": 0,   # one node per run so far: no store is read across nodes
+      "audit_lines": len(audit_lines),
+  }
+
+
+def hot_prefixes_by_tenant(caches, top: int = TOP_PER_TENANT) -> dict[str, list[dict]]:
+  """Each tenant's (salt's) most-hit prefixes, hits summed over instances: {salt: [{"prefix",
+  "tokens", "hits"}]}, most hits first (ties: the longer prefix, then the name)."""
+  hits: collections.Counter = collections.Counter()
+  depth: dict = {}
+  for c in caches:
+    hits.update(c.prefix_hits)
+    depth.update(c.prefix_pages)
+  page_size = caches[0].page_size if caches else 0
+  by_salt: dict[str, list] = collections.defaultdict(list)
+  for (salt, name), n in hits.items():
+    by_salt[salt].append((name, n))
+  out = {}
+  for salt in sorted(by_salt):
+    ranked = sorted(by_salt[salt], key=lambda x: (-x[1], -depth[(salt, x[0])], x[0]))[:top]
+    out[salt] = [{"prefix": name.hex()[:PREFIX_HEX], "tokens": depth[(salt, name)] * page_size,
+                  "hits": n} for name, n in ranked]
+  return out
