@@ -160,8 +160,9 @@ def _check_host_tier(cfg) -> None:
   if pages:
     _require(kv.prefix_cache, "kv.host_tier_pages", pages,
              "needs kv.prefix_cache=True (host pages are found by their prefix names)")
-    _require(launcher(cfg) == "local", "kv.host_tier_pages", pages,
-             "needs cluster.launcher=local (one process: one node's tier)")
+  if pages and launcher(cfg) == "ray":
+    _require(kv.get("host_tier_handoff", "transfer") == "transfer", "kv.host_tier_handoff",
+             kv.get("host_tier_handoff"), "needs cluster.launcher=local (with ray: transfer)")
   gbps = cfg.sim.get("host_link_gbps", 0.0)
   _require(math.isfinite(gbps) and gbps >= 0, "sim.host_link_gbps", gbps,
            "must be a finite number >= 0 (0: the hardware preset's)")

@@ -48,7 +48,7 @@ from pdjax.engine.instance import Instance
 from pdjax.engine.options import EngineOptions
 from pdjax.engine.runtime import device_errors
 from pdjax.models.llama_config import LlamaConfig
-from pdjax.scheduler.errors import DeviceError, PullNotStarted, StepNotRun
+from pdjax.scheduler.errors import DeviceError, HostTierLost, PullNotStarted, StepNotRun
 
 PULL_POLL_S = 0.0005   # how often a pull in flight is checked
 
@@ -94,6 +94,7 @@ class InstanceActor:
     self._next_seq = 0              # the sequence number of the next step to dispatch
     self._turn: asyncio.Condition | None = None
     self._last: tuple[int, object] | None = None   # (seq, PendingTokens) last dispatched
+    self._copies = None             # HostCopies, once the node's KV store is used
 
   async def describe(self) -> dict:
     return {"address": self.server.address(), "pid": os.getpid(),
@@ -125,9 +126,36 @@ class InstanceActor:
       self._next_seq += 1
       self._turn.notify_all()
 
+  # ---- the node's KV store (the host tier's bytes: node_store.py) --------------------------
+
+  def _host_copies(self):
+    if self._copies is None:
+      from pdjax.engine.host_copies import HostCopies
+      self._copies = HostCopies(self.inst)
+    return self._copies
+
+  async def offload(self, pages: list[int], names: list[bytes], store) -> int:
+    """Copies these pool pages to the node's KV store under their names (device -> this
+    process's host memory -> the store); returns their bytes once the store has them."""
+    import ray
+    arrays = self._host_copies().gather_to_host(pages)
+    try:
+      return await store.put.remote(dict(zip(names, arrays)))
+    except ray.exceptions.RayActorError as e:
+      raise HostTierLost(f"the node KV store is gone: {type(e).__name__}") from None
+
+  async def _reload(self, loads: list, store) -> None:
+    """Writes host pages from the store into the pool (before the step that reads them)."""
+    import ray
+    try:
+      arrays = await store.get.remote([name for _, name in loads])
+    except ray.exceptions.RayActorError as e:
+      raise HostTierLost(f"the node KV store is gone: {type(e).__name__}") from None
+    self._host_copies().scatter_from_host([page for page, _ in loads], arrays)
+
   async def step(self, seq: int, kind: str, seqs: list, prev_seq: int | None,
                  revoked: tuple[int, ...] = (), offers: tuple = (),
-                 offer_ttl_s: float = 0.0) -> dict:
+                 offer_ttl_s: float = 0.0, loads: tuple = (), store=None) -> dict:
     """Dispatches step `seq` (after every earlier one), waits for its tokens off the event loop
     and returns them with its host timings and the compile counters. prev_seq: the step whose
     device tokens feed PendingToken rows (the one dispatched just before). When that step
@@ -136,7 +164,8 @@ class InstanceActor:
     revoked: pulls the driver gave up on (see `pull`). offers (a prefill streaming KV by layer
     groups, kv.stream_layers): [(one uuid per layer group, source pages, puller's TP)]: each
     group's pages are offered under its uuid as soon as the group is enqueued (`OfferStream`),
-    each expiring after offer_ttl_s unless settled, as `offer`'s."""
+    each expiring after offer_ttl_s unless settled, as `offer`'s. loads: [(page, name)] host
+    pages the step reads, fetched from the node's KV store and written into the pool first."""
     self._revoked.update(revoked)   # before any await: no late pull lands after this step
     await self._in_order(seq)
     try:
@@ -156,6 +185,8 @@ class InstanceActor:
                    for uuids, pages, dst_tp in offers]
         launch = lambda seqs, prev: self.inst.prefill(seqs, prev, streams=streams)  # noqa: E731
       try:
+        if loads:
+          await self._reload(list(loads), store)
         pending = launch(seqs, prev)
       except DeviceError:
         self._last = (seq, None)   # a step dispatched ahead on its tokens is not run either

@@ -42,6 +42,7 @@ class RayCluster:
     self.transfer_fn = RayTransfer(pull_timeout_s, transfer_timeout_s)   # (see RayTransfer)
     self._started_ray = False
     self._live: list[RemoteInstance] = []
+    self._store = None               # the node KV store actor (node_store), once used
 
   def __enter__(self) -> "RayCluster":
     self.start()
@@ -67,6 +68,9 @@ class RayCluster:
   def shutdown(self) -> None:
     """Kills every actor still alive, then leaves (or stops the local) Ray if it started it."""
     self.release(self._live)
+    if self._store is not None:
+      ray.kill(self._store, no_restart=True)
+      self._store = None
     if self._started_ray:
       ray.shutdown()
       self._started_ray = False
@@ -106,6 +110,7 @@ class RayCluster:
         instances.append(RemoteInstance(spec, self._new_actor, dict(
             prefill=True, decode=True, transfer_to_tp=to_tp if sends else (),
             receive=receives)))
+        instances[-1].store_of = self.node_store
     if opts.stream_layers or any(o.stream_layers for o in (opts_by_role or {}).values()):
       for inst in instances:   # (prefill may stream KV by layer groups: ray_transfer.py)
         inst.kv_streamer = self.transfer_fn
@@ -135,6 +140,23 @@ class RayCluster:
                                                          [[dst.opts.num_pages] * n], layers)))
     for _, t in pulls:
       t.result()     # (and settled: a taken offer never expires)
+
+  def node_store(self):
+    """The node's KV store actor (node_store.py), started on first use; one for the cluster
+    while it runs on one node."""
+    if self._store is None:
+      from pdjax.distributed.node_store import NodeStore
+      self._store = ray.remote(NodeStore).options(num_cpus=0).remote()
+    return self._store
+
+  def clear_store(self) -> None:
+    """Empties the node store between runs (each run has its own host tier); a store that
+    died during the run (a lost tier) is replaced by a new one when next used."""
+    if self._store is not None:
+      try:
+        ray.get(self._store.clear.remote())
+      except ray.exceptions.RayActorError:
+        self._store = None
 
   def _new_actor(self, spec: ActorSpec):
     return ray.remote(InstanceActor).options(**self.actor_options(spec.tp)).remote(spec)

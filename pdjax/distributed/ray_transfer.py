@@ -152,6 +152,7 @@ class RayTransfer:
     """The destination half, for an offer made by `offer` (or one layer group's offer of a
     streamed prefill: layers=(a, b))."""
     uuid, offer, start = offered
+    dst.flush_offloads()             # (pages evicted there are copied out before the pull)
     epoch = dst.next_epoch()
     pages = flat(dst_pages)
     pull = dst.actor.pull.remote(uuid, src.address, pages, self.timeout_s, epoch, dst.revoked(),

@@ -38,6 +38,7 @@ class RayRemeshBuilder:
       spec = dataclasses.replace(proto.spec, name=name, tp=tp,
                                  opts=dataclasses.replace(proto.opts, num_pages=pages // count))
       new.append(RemoteInstance(spec, self.cluster._new_actor, proto._warm_up_args))
+      new[-1].store_of = self.cluster.node_store
     t0 = time.perf_counter()
     try:
       refs = [inst.start() for inst in new]

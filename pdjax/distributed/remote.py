@@ -23,7 +23,7 @@ import ray
 
 from pdjax.cli import first_and_last_line
 from pdjax.kv.pages import BlockTables
-from pdjax.scheduler.errors import DeviceError, InstanceLost
+from pdjax.scheduler.errors import DeviceError, HostTierLost, InstanceLost
 
 
 def ray_result(ref, name: str):
@@ -67,7 +67,11 @@ class RemotePending:
     return is_ready(self.ref)
 
   def result(self) -> list[int]:
-    out = ray_result(self.ref, self._instance.name)
+    try:
+      out = ray_result(self.ref, self._instance.name)
+    except HostTierLost:
+      self._instance.lose_host_tier()
+      raise
     self.build_s, self.dispatch_s = out["build_s"], out["dispatch_s"]
     self._instance.counters = {k: out[k] for k in COUNTERS}
     return out["tokens"]
@@ -99,6 +103,11 @@ class RemoteInstance:
     self._epochs = itertools.count(1)
     self._revoked: dict[int, object] = {}   # epoch -> its RemoteTransfer (ray_transfer.py),
                                             # until the pull returns
+    self.store_of = None             # the launcher's node KV store (a callable), for the
+    self.store = None                # host tier: the store once attach_host_tier ran
+    self._offloads: list[tuple[int, bytes]] = []   # evicted pages to copy out before the
+                                                   # actor's pool is written again
+    self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
 
   # ---- life cycle (the launcher starts many at once: start, then finish_start) ---------------
 
@@ -120,6 +129,53 @@ class RemoteInstance:
     if self.actor is not None:
       ray.kill(self.actor, no_restart=True)
     self.alive = False
+    self._offloads.clear()           # (their pages died with the process: drop_writer)
+
+  # ---- the node's host KV tier (its bytes in the node store: node_store.py) ------------------
+
+  def attach_host_tier(self, tier, host_bytes_per_s: float = 0.0,
+                       handoff: str = "transfer") -> None:
+    """Shares the node's host tier: this pool's evicted prefix pages are copied by the actor
+    to the node's KV store (before anything writes the pool again), and reloads are fetched
+    from it by the actor before the step that reads them. handoff: "transfer" only."""
+    if handoff != "transfer":
+      raise ValueError(f"host tier hand-off {handoff!r} needs cluster.launcher=local")
+    self.store = self.store_of()
+    tier.on_forget = lambda names: self.store.drop.remote(list(names))
+    self.tables.attach_host(tier, self._offload)
+
+  def kv_bytes(self, num_pages: int) -> int:
+    return num_pages * self.page_bytes
+
+  def _offload(self, page: int, name: bytes, salt: str) -> None:
+    """The prefix cache's on_drop: offered now, readable once the actor has copied it."""
+    if self.tables.host.offer(name, salt, salt, name, writer=self.name, ready_s=float("inf"),
+                              now=0.0):
+      self._offloads.append((page, name))
+
+  def flush_offloads(self) -> None:
+    """Copies the pages evicted since the last call to the store, waiting for it: called
+    before any call that writes this actor's pool (a step, a pull into it), since those pages
+    now belong to other sequences."""
+    if not self._offloads or not self.alive:
+      return
+    pages, names = [p for p, _ in self._offloads], [n for _, n in self._offloads]
+    self._offloads = []
+    try:
+      ray_result(self.actor.offload.remote(pages, names, self.store), self.name)
+    except HostTierLost:
+      self.lose_host_tier()
+      return
+    except InstanceLost:
+      return                         # (the step sent next fails the same way: recovery)
+    self.tables.host.land(names, self.name, 0.0)
+    self.host_stats["offload_pages"] += len(pages)
+
+  def lose_host_tier(self) -> None:
+    """The node's KV store is gone: the tier is lost for the rest of the run."""
+    tier = self.tables.host
+    if tier is not None and not tier.lost:
+      tier.lose()
 
   def restart(self) -> "PendingStart":
     """Starts a fresh process (its programs come from the compile cache where one is set)
@@ -183,6 +239,11 @@ class RemoteInstance:
   def step(self, kind: str, seqs, prev: RemotePending | None, **offers) -> RemotePending:
     """One step call on the actor (offers: a streamed prefill's, see InstanceActor.step)."""
     seq, self._seq = self._seq, self._seq + 1
+    self.flush_offloads()
+    if self.tables.pending_loads:
+      loads = self.tables.take_loads()
+      offers.update(loads=tuple(loads), store=self.store)
+      self.host_stats["load_pages"] += len(loads)
     ref = self.actor.step.remote(seq, kind, seqs, None if prev is None else prev.seq,
                                  self.revoked(), **offers)
     return RemotePending(ref, seq, self)

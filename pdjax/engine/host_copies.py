@@ -75,22 +75,35 @@ class HostCopies:
   def land(self) -> None:
     """Writes the pages reloaded since the last step into the pool (before that step)."""
     loads = self.inst.tables.take_loads() if self.inst.tables.pending_loads else ()
-    if not loads:
-      return
+    if loads:
+      self.scatter_from_host([p for p, _ in loads], [kv.host() for _, kv in loads])
+
+  def gather_to_host(self, pages: list[int]) -> list[np.ndarray]:
+    """These pool pages' K/V in host memory now, one [2, L, KVH, ps, D] array each (a node
+    store's offload, under the Ray launcher: distributed/node_store.py)."""
+    with device_errors():   # (the gather program is compiled for one page)
+      copies = [HostKV(self._gather(self.inst.kv, np.array([p], np.int32))) for p in pages]
+      out = [np.ascontiguousarray(c.host()) for c in copies]
+    self.stats["offload_pages"] += len(pages)
+    return out
+
+  def scatter_from_host(self, pages: list[int], arrays: list[np.ndarray]) -> None:
+    """Writes host copies of pages into the pool at `pages`, dispatched before the next
+    step (which then reads them)."""
     t0 = time.perf_counter()
     inst, sharding = self.inst, NamedSharding(self.inst.mesh, PAGES_SPEC)
-    pages = np.array([p for p, _ in loads], np.int32)
-    data = np.stack([kv.host() for _, kv in loads], axis=3)   # [2, L, KVH, n, ps, D]
+    ids_all = np.array(pages, np.int32)
+    data = np.stack(arrays, axis=3)   # [2, L, KVH, n, ps, D]
     largest = inst.opts.transfer_buckets[-1]
     with device_errors():
-      for start in range(0, len(loads), largest):
-        ids = pages[start:start + largest]
+      for start in range(0, len(pages), largest):
+        ids = ids_all[start:start + largest]
         plan = transfer_plan(inst.opts.transfer_buckets, len(ids))
         bounds = np.cumsum([start] + plan.pieces)
         pieces = jax.device_put([data[:, :, :, a:b] for a, b in zip(bounds, bounds[1:])],
                                 sharding)
         scatter_pieces(inst, self._scatter, plan, pieces, ids)
-    self.stats["load_pages"] += len(loads)
+    self.stats["load_pages"] += len(pages)
     # Host seconds to stage and dispatch the copies (the device side runs ahead of the step
     # in its queue; the engine does not wait for it here).
     self.stats["load_s"] += time.perf_counter() - t0

@@ -50,6 +50,9 @@ class HostTier:
     self.capacity, self.policy = capacity_pages, policy
     self.admission = admission or AllPages()
     self.audit, self.page_bytes = None, 0   # the run's KvAudit (attach_audit)
+    self.on_forget = None   # called with the names whose payloads the tier let go (evicted,
+                            # flushed, lost): a node store outside the process drops them
+    self.lost = False       # its store died (lose): nothing is offered or read any more
     self._pages: collections.OrderedDict[bytes, HostPage] = collections.OrderedDict()  # LRU
     self.stats = collections.Counter()   # offloaded, refused, duplicates, hit_pages,
                                          # lookups, hit_lookups, evictions, flushed, aborted,
@@ -83,6 +86,8 @@ class HostTier:
             ready_s: float, now: float) -> bool:
     """Stores an offloaded page (landing at ready_s); False when it is already held (same
     name, same content) or the tier is full of pages still being written."""
+    if self.lost:
+      return False
     if name in self._pages:
       self.stats["duplicates"] += 1
       return False
@@ -94,13 +99,37 @@ class HostTier:
     self._record("offload", writer, salt, 1)
     return True
 
+  def land(self, names: list[bytes], writer: str, now: float) -> int:
+    """writer's copies of these names reached the store (a store outside the process, whose
+    writes are offered with ready_s=inf): readable from now. Returns how many."""
+    n = 0
+    for name in names:
+      page = self._pages.get(name)
+      if page is not None and page.writer == writer and page.ready_s > now:
+        page.ready_s, n = now, n + 1
+    return n
+
   def drop_writer(self, writer: str, now: float) -> int:
     """writer died: its writes that had not landed by now are gone. Returns how many."""
     lost = [n for n, p in self._pages.items() if p.writer == writer and p.ready_s > now]
     for n in lost:
       del self._pages[n]
     self.stats["aborted"] += len(lost)
+    self._forget(lost)
     return len(lost)
+
+  def lose(self) -> int:
+    """The store holding the pages died: the tier is gone for the rest of the run (requests
+    recompute what it held). Returns the pages lost."""
+    n = len(self._pages)
+    self._pages.clear()
+    self.lost = True
+    self.stats["lost"] += n
+    return n
+
+  def _forget(self, names: list[bytes]) -> None:
+    if names and self.on_forget is not None:
+      self.on_forget(names)
 
   def flush(self, salt: str) -> int:
     """Forgets every page written under salt (landed or not). Returns how many."""
@@ -109,6 +138,7 @@ class HostTier:
       del self._pages[n]
     self.stats["flushed"] += len(gone)
     self._record("flush", "", salt, len(gone))
+    self._forget(gone)
     return len(gone)
 
   # ---- reads ----------------------------------------------------------------------------
@@ -164,4 +194,5 @@ class HostTier:
       return False
     self._record("evict", "", self._pages.pop(victim).salt, 1)
     self.stats["evictions"] += 1
+    self._forget([victim])
     return True

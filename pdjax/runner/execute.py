@@ -111,6 +111,7 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
     summary["run_info"] = run_info_of(cfg, mcfg, run, requests=len(requests))
   if ray_cluster is not None:
     ray_cluster.release(instances)   # their processes end; the next run starts its own
+    ray_cluster.clear_store()        # (and its own host tier)
   return summary, result, instances
 
 

@@ -12,7 +12,7 @@ A mixin of `Driver`; pure Python."""
 from __future__ import annotations
 
 from pdjax.request import Request, Status
-from pdjax.scheduler.errors import DeviceError, InstanceLost, StepNotRun
+from pdjax.scheduler.errors import DeviceError, HostTierLost, InstanceLost, StepNotRun
 from pdjax.scheduler.instance_queue import InstanceQueue
 
 
@@ -35,6 +35,12 @@ class Collect:
     except StepNotRun:          # dispatched ahead on the tokens of a step that failed
       self._release_streams(step.streams, step.pending)
       self._not_run(w, plan)
+      return
+    except HostTierLost:        # the node KV store died before the step's reloads: not run
+      self._release_streams(step.streams, step.pending)
+      self._recompute_prefills(w, plan)
+      if w.inflight is not None and w.inflight.ahead:
+        self._ahead_of_failed[id(w)] = w.inflight
       return
     except DeviceError as e:
       self._release_streams(step.streams, step.pending)
@@ -103,6 +109,28 @@ class Collect:
     requests stay where they are (waiting or running, their pages kept) and are planned
     again; those it shared with the failed step before it are already terminal."""
     self.fault_counts["steps_not_run"] = self.fault_counts.get("steps_not_run", 0) + 1
+    self._touch(w)
+
+  def _recompute_prefills(self, w: InstanceQueue, plan) -> None:
+    """A step not run because the host tier it reloaded from is gone (HostTierLost; the
+    tier is lost for the rest of the run): its prompts start over without it (their pages,
+    some meant to be reloaded, are freed; they wait at the front), its decode rows are
+    planned again."""
+    self.fault_counts["host_tier_lost_steps"] = (
+        self.fault_counts.get("host_tier_lost_steps", 0) + 1)
+    now = self.clock.now()
+    for req in dict.fromkeys(r for r, _, _ in plan.chunks):
+      if req.status.terminal:
+        continue
+      if req.id in w.tables:
+        w.tables.free(req.id, now)
+      if req in w.running:
+        w.running.remove(req)
+      if req in w.waiting:
+        w.waiting.remove(req)
+      req.num_computed_tokens = 0
+      req.status = Status.WAITING
+      w.waiting.appendleft(req)
     self._touch(w)
 
   def _host_wait(self, w: InstanceQueue, step) -> float:

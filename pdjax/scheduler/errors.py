@@ -19,6 +19,12 @@ class InstanceLost(DeviceError):
   live instances of its tier or fail with the reason."""
 
 
+class HostTierLost(DeviceError):
+  """The node's KV store (the host tier's bytes under the Ray launcher) is gone: a step that
+  needed reloads from it did not run. The driver stops using the tier for the rest of the run
+  (HostTier.lose) and recovers the step's requests as after any failed step."""
+
+
 class StepNotRun(DeviceError):
   """A step dispatched ahead (overlap) on the device tokens of the step before it, which failed
   at dispatch in its instance's process: it was never launched (its input tokens do not

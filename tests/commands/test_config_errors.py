@@ -179,8 +179,13 @@ def test_fault_flag_from_the_command_line_is_one_line():
     ({"kv.host_tier_pages": 64, "backend": "sim"},
      "kv.host_tier_pages=64 needs kv.prefix_cache=True (host pages are found by their prefix "
      "names)"),
-    ({"kv.host_tier_pages": 64, "kv.prefix_cache": True, "cluster.launcher": "ray"},
-     "kv.host_tier_pages=64 needs cluster.launcher=local (one process: one node's tier)"),
+    ({"kv.host_tier_pages": 64, "kv.prefix_cache": True, "cluster.launcher": "ray",
+      "kv.host_tier_handoff": "host"},
+     "kv.host_tier_handoff='host' needs cluster.launcher=local (with ray: transfer)"),
+    ({"kv.host_tier_admission": "some"},
+     "kv.host_tier_admission='some' is not one of all, reused, frequency"),
+    ({"kv.host_tier_half_life_s": 0.0},
+     "kv.host_tier_half_life_s=0.0 must be a finite number > 0"),
 
     ({"sim.host_link_gbps": -1.0}, "sim.host_link_gbps=-1.0 must be a finite number >= 0 (0: "
      "the hardware preset's)"),

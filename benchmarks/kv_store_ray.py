@@ -1,0 +1,102 @@
+"""How a node's KV store should hold pages under the Ray launcher (issue 32): in Ray's object
+store (plasma shared memory: the writer returns the pages from an actor call, one object each,
+owned by the driver that made the call, as `ray.put(_owner=...)` was removed in Ray 2.56; the
+reader `ray.get`s them) or inside a store actor (pages sent to it and fetched from it by actor
+calls). Two actors stand for an offloading and a reloading instance on one node.
+
+  python benchmarks/kv_store_ray.py [--page-kib=2048] [--pages=64] [--reps=5]
+
+Prints, per way, the median over reps of writing `pages` pages (writer: put them, the driver
+receiving the handles) and of reading them back (reader: fetch them as numpy arrays), in ms
+and GB/s, with the machine's description. Page sizes: Llama-3-8B's bf16 page of 16 tokens is
+2 MiB; the tiny test model's is 16 KiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+
+
+def main() -> None:
+  p = argparse.ArgumentParser()
+  p.add_argument("--page-kib", type=int, default=2048)
+  p.add_argument("--pages", type=int, default=64)
+  p.add_argument("--reps", type=int, default=5)
+  a = p.parse_args()
+  os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+  import ray
+  ray.init(include_dashboard=False, logging_level="ERROR")
+
+  @ray.remote
+  class Store:
+    def __init__(self):
+      self.pages = {}
+
+    def put(self, items):
+      self.pages.update(items)
+      return len(items)
+
+    def get(self, names):
+      return [self.pages[n] for n in names]
+
+    def ping(self):
+      return True
+
+  @ray.remote
+  class Instance:
+    def __init__(self, page_bytes, pages):
+      rng = np.random.default_rng(0)
+      self.data = [rng.integers(0, 255, page_bytes, dtype=np.uint8) for _ in range(pages)]
+
+    def put_objects(self):
+      return tuple(self.data) if len(self.data) > 1 else self.data[0]
+
+    def get_objects(self, refs):
+      return sum(int(x.nbytes) for x in ray.get(list(refs)))
+
+    def put_actor(self, store):
+      return ray.get(store.put.remote({i: d for i, d in enumerate(self.data)}))
+
+    def get_actor(self, store, names):
+      return sum(int(x.nbytes) for x in ray.get(store.get.remote(names)))
+
+  page_bytes = a.page_kib * 1024
+  store = Store.remote()
+  writer, reader = Instance.remote(page_bytes, a.pages), Instance.remote(page_bytes, a.pages)
+  ray.get([store.ping.remote(), writer.get_objects.remote([]), reader.get_objects.remote([])])
+  total = page_bytes * a.pages
+  results = {}
+  for way in ("object store", "store actor"):
+    w, r = [], []
+    for _ in range(a.reps):
+      t = time.perf_counter()
+      if way == "object store":
+        refs = writer.put_objects.options(num_returns=a.pages).remote()
+        refs = refs if isinstance(refs, list) else [refs]
+        ray.wait(refs, num_returns=len(refs), fetch_local=False)
+      else:
+        ray.get(writer.put_actor.remote(store))
+      w.append(time.perf_counter() - t)
+      t = time.perf_counter()
+      got = ray.get(reader.get_objects.remote(refs) if way == "object store"
+                    else reader.get_actor.remote(store, list(range(a.pages))))
+      r.append(time.perf_counter() - t)
+      assert got == total
+    results[way] = (statistics.median(w), statistics.median(r))
+  print(f"machine: {platform.machine()}, {os.cpu_count()} cores, ray {ray.__version__}; one "
+        f"node, {a.pages} pages of {a.page_kib} KiB ({total / 2**20:.0f} MiB), median of "
+        f"{a.reps}")
+  for way, (w, r) in results.items():
+    print(f"  {way:12s}  write {1e3 * w:8.2f} ms ({total / w / 1e9:5.2f} GB/s)   read "
+          f"{1e3 * r:8.2f} ms ({total / r / 1e9:5.2f} GB/s)")
+  ray.shutdown()
+
+
+if __name__ == "__main__":
+  main()

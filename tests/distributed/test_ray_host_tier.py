@@ -1,0 +1,101 @@
+"""The host KV tier under the Ray launcher (issue 32): its pages' bytes in the node's store
+actor (distributed/node_store.py), written and read by the instance processes, its bookkeeping
+in the driver. test_host_tier_serving's hand-built trace: r0 (tenant a) caches X, 4 full
+pages; three fillers evict them; r4 asks for X + 16 tokens at 4 s."""
+
+import json
+import random
+
+import pytest
+
+from helpers import sim_snapshots
+from helpers.ray_fixtures import ray_cluster  # noqa: F401  (fixture)
+from pdjax import config as config_lib
+from pdjax.runner.execute import execute
+
+X = [random.Random(0).randrange(3, 500) for _ in range(64)]
+
+
+def _config(tmp_path, host_pages, last_tenant="a", launcher="ray"):
+  rng = random.Random(1)
+  rows = [{"arrival_s": 0.0, "prompt_ids": X, "output_len": 1, "tenant": "a"}]
+  rows += [{"arrival_s": float(i), "prompt_ids": [rng.randrange(3, 500) for _ in range(112)],
+            "output_len": 1, "tenant": "a"} for i in (1, 2, 3)]
+  rows.append({"arrival_s": 4.0, "prompt_ids": X + [7] * 16, "output_len": 4,
+               "tenant": last_tenant})
+  path = tmp_path / f"trace_{last_tenant}.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return sim_snapshots._config({
+      "backend": "jax", "mode": "colocated", "workload.kind": "jsonl",
+      "workload.path": str(path), "workload.num_requests": 5,
+      "cluster.colocated.instances": 1, "cluster.launcher": launcher, "kv.page_size": 16,
+      "kv.max_model_len": 128, "kv.pages_per_instance": 16, "kv.prefix_cache": True,
+      "kv.host_tier_pages": host_pages})
+
+
+def _serve(cfg, ray_cluster=None):
+  params = None
+  if ray_cluster is None:
+    from pdjax.engine.cluster import host_params
+    params = host_params(config_lib.validate(cfg), checkpoint="", seed=cfg.seed,
+                         dtype=cfg.model.dtype)
+  summary, result, instances = execute(cfg, config_lib.validate(cfg), "colocated", params,
+                                       quiet=True, ray_cluster=ray_cluster)
+  assert summary["kv_pages_leaked"] == 0
+  assert [r.status.value for r in result.requests] == ["finished"] * 5
+  return summary, result, instances
+
+
+@pytest.mark.slow
+def test_actors_reload_through_the_node_store_as_one_process_does(tmp_path, ray_cluster):
+  """Same reloads (X's 4 pages, 64 tokens) and the same greedy tokens as the in-process tier
+  and as no tier at all; the store holds the tier's pages, then is emptied for the next run."""
+  local, r_local, _ = _serve(_config(tmp_path, 64, launcher="local"))
+  off, r_off, _ = _serve(_config(tmp_path, 0), ray_cluster)
+  on, r_on, insts = _serve(_config(tmp_path, 64), ray_cluster)
+  assert [r.output_ids for r in r_on.requests] == [r.output_ids for r in r_local.requests] == [
+      r.output_ids for r in r_off.requests]
+  assert [r.cached_tokens for r in r_on.requests] == [0, 0, 0, 0, 64] == [
+      r.cached_tokens for r in r_local.requests]
+  host, host_local = on["kv_cache"]["host_tier"], local["kv_cache"]["host_tier"]
+  assert (host["hit_pages"], host["hit_lookups"]) == (4, 1) == (
+      host_local["hit_pages"], host_local["hit_lookups"])
+  assert host["offloaded_pages"] == host_local["offloaded_pages"]
+  assert host["loaded_bytes"] == 4 * insts[0].page_bytes
+  import ray
+  assert ray.get(ray_cluster.node_store().held.remote()) == 0      # (cleared after the run)
+
+
+@pytest.mark.slow
+def test_another_tenant_never_loads_the_pages(tmp_path, ray_cluster):
+  on, r_on, _ = _serve(_config(tmp_path, 64, last_tenant="b"), ray_cluster)
+  assert r_on.requests[-1].cached_tokens == 0
+  assert on["kv_cache"]["host_tier"]["hit_pages"] == 0
+
+
+@pytest.mark.slow
+def test_a_store_killed_mid_run_loses_the_tier_and_nothing_else(tmp_path, ray_cluster,
+                                                                monkeypatch):
+  """The store dies just as r4's reload is planned (after X's pages landed in it): r4's step
+  does not run (HostTierLost), the tier is lost, r4 starts over and recomputes X; every
+  request finishes with the tokens of a run without the tier."""
+  import ray
+
+  from pdjax.kv.host_tier import HostTier
+  off, r_off, _ = _serve(_config(tmp_path, 0), ray_cluster)
+  take = HostTier.take
+
+  def take_then_kill_the_store(self, names, salt, now):
+    out = take(self, names, salt, now)
+    if out:                          # (a lookup that found nothing takes nothing)
+      ray.kill(ray_cluster._store, no_restart=True)
+    return out
+
+  monkeypatch.setattr(HostTier, "take", take_then_kill_the_store)
+  on, r_on, _ = _serve(_config(tmp_path, 64), ray_cluster)
+  assert ray_cluster._store is None                 # (the next run starts a new store)
+  assert [r.output_ids for r in r_on.requests] == [r.output_ids for r in r_off.requests]
+  assert r_on.requests[-1].cached_tokens == 0            # recomputed after the lost reload
+  assert on["faults"]["host_tier_lost_steps"] == 1
+  assert on["kv_cache"]["host_tier"]["pages_at_end"] == 0
+  assert on["kv_cache"]["host_tier"]["hit_pages"] == 4        # (the reload was planned)
