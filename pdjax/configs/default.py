@@ -70,6 +70,8 @@ def get_config(arg=None):
   c.kv.host_tier_policy = "lru"            # host tier eviction: lru | lfu
   c.kv.host_tier_admission = "all"         # which evicted pages it takes: all | reused (hit
                                            #   on the device) | frequency (decaying count >= 2)
+                                           #   | adaptive (a tenant's all while its reloads
+                                           #   pay off, else frequency)
   c.kv.host_tier_half_life_s = 60.0        # frequency: a page's count halves per this idle
   c.kv.host_tier_handoff = "transfer"      # P -> D: transfer (device to device) | host (write
                                            #   the prompt's pages through the host tier)

@@ -142,7 +142,7 @@ class RemoteInstance:
       raise ValueError(f"host tier hand-off {handoff!r} needs cluster.launcher=local")
     self.store = self.store_of()
     tier.on_forget = lambda names: self.store.drop.remote(list(names))
-    self.tables.attach_host(tier, self._offload)
+    self.tables.attach_host(tier, self._offload, self.role == "decode")
 
   def kv_bytes(self, num_pages: int) -> int:
     return num_pages * self.page_bytes

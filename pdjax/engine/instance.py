@@ -241,7 +241,7 @@ class Instance:
     the run's transfer function decides (engine/host_copies.transfer_through_host_tier)."""
     from pdjax.engine.host_copies import HostCopies
     self.host_copies = HostCopies(self)
-    self.tables.attach_host(tier, self.host_copies.offload)
+    self.tables.attach_host(tier, self.host_copies.offload, self.role == "decode")
 
   @property
   def host_stats(self) -> dict:

@@ -74,10 +74,12 @@ class HostTier:
 
   # ---- writes ---------------------------------------------------------------------------
 
-  def admits(self, name: bytes, hits: int, last_used_s: float) -> bool:
-    """Whether an evicted device page (hit `hits` times while cached, last used then) is
-    worth offloading: the admission policy's call, counted when it says no."""
-    if self.admission.admit(name, hits, last_used_s):
+  def admits(self, name: bytes, salt: str, hits: int, last_used_s: float,
+             copy: bool = False) -> bool:
+    """Whether an evicted device page (hit `hits` times while cached, last used then; copy:
+    it arrived by KV transfer) is worth offloading: the admission policy's call, counted
+    when it says no."""
+    if self.admission.admit(name, salt, hits, last_used_s, copy):
       return True
     self.stats["not_admitted"] += 1
     return False
@@ -172,6 +174,8 @@ class HostTier:
       self._pages.move_to_end(name)
       out.append(page.payload)
     self.stats["hit_pages"] += len(out)
+    if out:
+      self.admission.reloaded(salt, len(out))
     return out
 
   def count_lookup(self, hit_pages: int) -> None:

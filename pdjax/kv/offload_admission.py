@@ -14,7 +14,17 @@ users run filter first:
              (on the run's clock) that passed between two of its uses; it is offloaded when
              its count reaches 2. So a page used twice within one period is kept (hit once,
              or recomputed once), a page seen once is not, and a hot page (hit often:
-             doubled often) stays eligible for several periods after its last use.
+             doubled often) stays eligible for several periods after its last use. A copy
+             that arrived by KV transfer (a decode instance's) is not a new use: only its
+             hits count.
+  adaptive   per tenant (page salt), from what the tier gave back: while the tenant's pages
+             reloaded from the tier are at least `min_ratio` (0.1) of its pages offloaded
+             (both halved whenever the offloads pass `window`, so old history fades), every
+             evicted page of it is taken, as `all`; below that, only what `frequency` takes.
+             A tenant starts as `all` for its first `probation` (256) offloads. The floods
+             behind this (experiments/floods/README.md): page history alone cannot tell a
+             document evicted before its first repeat (worth keeping) from a one-off prompt
+             (not), but a tenant's reloads can.
 
 The decision is made when the device prefix cache drops the page (PrefixCache.on_drop), from
 the hits it had while cached and when it was last used; nothing is copied for a page refused.
@@ -26,25 +36,30 @@ from __future__ import annotations
 
 import collections
 
-HOST_TIER_ADMISSIONS = ("all", "reused", "frequency")
+HOST_TIER_ADMISSIONS = ("all", "reused", "frequency", "adaptive")
 THRESHOLD = 2.0
 
 
 class AllPages:
   name = "all"
 
-  def admit(self, name: bytes, hits: int, last_used_s: float) -> bool:
+  def admit(self, name: bytes, salt: str, hits: int, last_used_s: float,
+            copy: bool = False) -> bool:
     return True
 
+  def reloaded(self, salt: str, pages: int) -> None:
+    """pages of salt's were read back from the tier (the adaptive policy's signal)."""
 
-class ReusedPages:
+
+class ReusedPages(AllPages):
   name = "reused"
 
-  def admit(self, name: bytes, hits: int, last_used_s: float) -> bool:
+  def admit(self, name: bytes, salt: str, hits: int, last_used_s: float,
+            copy: bool = False) -> bool:
     return hits >= 1
 
 
-class FrequencyFilter:
+class FrequencyFilter(AllPages):
   name = "frequency"
 
   def __init__(self, half_life_s: float, memory: int):
@@ -55,25 +70,56 @@ class FrequencyFilter:
     self._seen: collections.OrderedDict[bytes, tuple[float, float]] = (
         collections.OrderedDict())   # name -> (count, when), least recently dropped first
 
-  def count(self, name: bytes, hits: int, last_used_s: float) -> float:
+  def count(self, name: bytes, hits: int, last_used_s: float, copy: bool = False) -> float:
     """The page's count when last used: its earlier count, halved per period boundary passed
-    since, doubled (it was computed again); or 1 when first seen. Doubled per hit since."""
+    since, doubled (it was computed again; not for a copy); or 1 when first seen. Doubled per
+    hit since."""
     earlier = self._seen.get(name)
     if earlier is None:
       base = 1.0
     else:
       count, when = earlier
       periods = int(last_used_s // self.half_life_s) - int(when // self.half_life_s)
-      base = 2.0 * count * 0.5 ** max(periods, 0)
+      base = (1.0 if copy else 2.0) * count * 0.5 ** max(periods, 0)
     return base * 2.0 ** hits
 
-  def admit(self, name: bytes, hits: int, last_used_s: float) -> bool:
-    count = self.count(name, hits, last_used_s)
+  def admit(self, name: bytes, salt: str, hits: int, last_used_s: float,
+            copy: bool = False) -> bool:
+    count = self.count(name, hits, last_used_s, copy)
     self._seen[name] = (count, last_used_s)
     self._seen.move_to_end(name)
     while len(self._seen) > self.memory:
       self._seen.popitem(last=False)
     return count >= THRESHOLD
+
+
+class AdaptiveAdmission(AllPages):
+  name = "adaptive"
+
+  def __init__(self, frequency: FrequencyFilter, min_ratio: float = 0.1, probation: int = 256,
+               window: int = 4096):
+    self.frequency, self.min_ratio = frequency, min_ratio
+    self.probation, self.window = probation, window
+    self._tenants: dict[str, list[float]] = {}   # salt -> [offloaded, reloaded] (decayed)
+
+  def pays_off(self, salt: str) -> bool:
+    """Whether salt's pages are worth offloading whole: on probation, or reloaded enough."""
+    offloaded, reloaded = self._tenants.get(salt, (0.0, 0.0))
+    return offloaded < self.probation or reloaded >= self.min_ratio * offloaded
+
+  def admit(self, name: bytes, salt: str, hits: int, last_used_s: float,
+            copy: bool = False) -> bool:
+    frequent = self.frequency.admit(name, salt, hits, last_used_s, copy)   # (its memory)
+    taken = self.pays_off(salt) or frequent
+    if taken:
+      counts = self._tenants.setdefault(salt, [0.0, 0.0])
+      counts[0] += 1
+      if counts[0] > self.window:
+        counts[0], counts[1] = counts[0] / 2, counts[1] / 2
+    return taken
+
+  def reloaded(self, salt: str, pages: int) -> None:
+    self._tenants.setdefault(salt, [0.0, 0.0])[1] += pages
 
 
 def make_admission(name: str, *, half_life_s: float = 60.0, memory: int = 1 << 16):
@@ -83,5 +129,7 @@ def make_admission(name: str, *, half_life_s: float = 60.0, memory: int = 1 << 1
     return ReusedPages()
   if name == "frequency":
     return FrequencyFilter(half_life_s, memory)
+  if name == "adaptive":
+    return AdaptiveAdmission(FrequencyFilter(half_life_s, memory))
   raise ValueError(f"host tier admission {name!r} is not one of "
                    f"{', '.join(HOST_TIER_ADMISSIONS)}")

@@ -115,16 +115,19 @@ class BlockTables:
     self.cache = PrefixCache(self.allocator, self.page_size, capacity_pages=capacity_pages,
                              ttl_s=ttl_s, eviction=eviction)
 
-  def attach_host(self, tier, offload) -> None:
+  def attach_host(self, tier, offload, receives_copies: bool = False) -> None:
     """Shares a node's host tier (kv/host_tier.py): prefix pages evicted or expired from this
     pool go to offload(page, name, salt) (which writes them to the tier), and allocate_prefix
-    reloads the tier's pages that continue a device hit. Needs the prefix cache."""
+    reloads the tier's pages that continue a device hit. Needs the prefix cache.
+    receives_copies: this pool's pages arrive by KV transfer (a decode instance): not new uses
+    to the tier's admission."""
     if self.cache is None:
       raise ValueError("a host tier needs the prefix cache (page names)")
     cache = self.cache
 
     def on_drop(page: int, name: bytes, salt: str) -> None:
-      if tier.admits(name, cache.hits_of(page), cache.idle_since(page)):   # (admission)
+      if tier.admits(name, salt, cache.hits_of(page), cache.idle_since(page),
+                     receives_copies):   # (admission)
         offload(page, name, salt)
 
     self.host, cache.on_drop = tier, on_drop

@@ -77,7 +77,7 @@ class SimInstance:
     wait), a reloaded one is copied in before the step that needs it (the step waits).
     handoff="host": this instance's KV transfers go through the tier (sim/host_handoff.py)."""
     self.host_bytes_per_s, self.handoff = host_bytes_per_s, handoff
-    self.tables.attach_host(tier, self._offload)
+    self.tables.attach_host(tier, self._offload, self.role == "decode")
     recompute_s = self.cost.prefill_s([(self.tables.page_size, 0)])
     self.host_page_weight = max(0.0, 1.0 - self._host_copy_s(1) / recompute_s)
 

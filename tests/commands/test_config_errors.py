@@ -183,7 +183,7 @@ def test_fault_flag_from_the_command_line_is_one_line():
       "kv.host_tier_handoff": "host"},
      "kv.host_tier_handoff='host' needs cluster.launcher=local (with ray: transfer)"),
     ({"kv.host_tier_admission": "some"},
-     "kv.host_tier_admission='some' is not one of all, reused, frequency"),
+     "kv.host_tier_admission='some' is not one of all, reused, frequency, adaptive"),
     ({"kv.host_tier_half_life_s": 0.0},
      "kv.host_tier_half_life_s=0.0 must be a finite number > 0"),
 

@@ -9,8 +9,8 @@ from pdjax.kv.offload_admission import FrequencyFilter, make_admission
 
 def test_all_takes_every_page_reused_only_pages_hit_on_the_device():
   every, reused = make_admission("all"), make_admission("reused")
-  assert [every.admit(b"p", hits, 0.0) for hits in (0, 1, 5)] == [True, True, True]
-  assert [reused.admit(b"p", hits, 0.0) for hits in (0, 1, 5)] == [False, True, True]
+  assert [every.admit(b"p", "s", hits, 0.0) for hits in (0, 1, 5)] == [True, True, True]
+  assert [reused.admit(b"p", "s", hits, 0.0) for hits in (0, 1, 5)] == [False, True, True]
 
 
 def test_the_frequency_filter_on_hand_built_histories():
@@ -28,20 +28,49 @@ def test_the_frequency_filter_on_hand_built_histories():
       (b"d", 0, 400.0, 0.5, False),   # 3 more: 2 x 2 / 8
   ]
   for name, hits, when, count, admitted in history:
-    assert (f.count(name, hits, when), f.admit(name, hits, when)) == (count, admitted), name
+    assert (f.count(name, hits, when), f.admit(name, "s", hits, when)) == (count, admitted), name
 
 
 def test_the_frequency_filter_forgets_the_least_recently_dropped_names():
   f = FrequencyFilter(half_life_s=60.0, memory=2)
   for name in (b"x", b"y", b"z"):
-    assert f.admit(name, 0, 1.0) is False
-  assert f.admit(b"x", 0, 2.0) is False         # forgotten: starts over at 1
-  assert f.admit(b"z", 0, 2.0) is True          # remembered: seen twice
+    assert f.admit(name, "s", 0, 1.0) is False
+  assert f.admit(b"x", "s", 0, 2.0) is False         # forgotten: starts over at 1
+  assert f.admit(b"z", "s", 0, 2.0) is True          # remembered: seen twice
+
+
+def test_a_transferred_copy_is_not_a_new_use():
+  """A prompt's page dropped by its prefill instance (count 1), then its copy on the decode
+  instance (arrived by KV transfer, never hit there): still 1, not taken; hit once there: 2."""
+  f = FrequencyFilter(half_life_s=60.0, memory=100)
+  assert f.admit(b"p", "s", 0, 1.0) is False
+  assert (f.count(b"p", 0, 2.0, copy=True), f.admit(b"p", "s", 0, 2.0, copy=True)) == (1.0, False)
+  assert f.admit(b"p", "s", 1, 3.0, copy=True) is True
+
+
+def test_adaptive_takes_a_tenants_pages_while_its_reloads_pay_off():
+  """Probation 4 offloads, ratio 0.5, window 8. Tenant a: 4 pages taken on probation, 1
+  reloaded (0.25 < 0.5): its next one-off page is refused, a frequent one (hit once) taken;
+  3 more reloads (4 / 5 >= 0.5): its pages are all taken again; past the window both counts
+  halve."""
+  from pdjax.kv.offload_admission import AdaptiveAdmission
+  a = AdaptiveAdmission(FrequencyFilter(60.0, 100), min_ratio=0.5, probation=4, window=8)
+  assert [a.admit(bytes([i]), "a", 0, 1.0) for i in range(4)] == [True] * 4
+  a.reloaded("a", 1)
+  assert a.admit(b"once", "a", 0, 1.0) is False
+  assert a.admit(b"hit", "a", 1, 1.0) is True                   # (frequency: 2)
+  assert a._tenants["a"] == [5.0, 1.0]
+  a.reloaded("a", 3)
+  assert a.admit(b"once-more", "a", 0, 1.0) is True
+  assert a.pays_off("b") is True                                # a new tenant: probation
+  for i in range(3):
+    a.admit(bytes([10 + i]), "a", 0, 1.0)
+  assert a._tenants["a"] == [4.5, 2.0]                          # 9 > 8: halved
 
 
 def test_bad_names_and_parameters_are_one_line_errors():
   with pytest.raises(ValueError, match=r"^host tier admission 'some' is not one of all, "
-                                       r"reused, frequency$"):
+                                       r"reused, frequency, adaptive$"):
     make_admission("some")
   with pytest.raises(ValueError, match=r"half_life_s 0 must be > 0 and memory 5 >= 1"):
     FrequencyFilter(0, 5)
@@ -49,7 +78,7 @@ def test_bad_names_and_parameters_are_one_line_errors():
 
 def test_the_tier_counts_what_its_admission_refused():
   tier = HostTier(8, admission=make_admission("reused"))
-  assert tier.admits(b"p", 1, 0.0) and not tier.admits(b"q", 0, 0.0)
+  assert tier.admits(b"p", "s", 1, 0.0) and not tier.admits(b"q", "s", 0, 0.0)
   assert tier.stats["not_admitted"] == 1
   assert HostTier(8).admission.name == "all"
 
@@ -88,6 +117,7 @@ def _serve(tmp_path, admission, hit_before_eviction):
 
 @pytest.mark.parametrize("admission,hit,offloaded,reloaded_tokens", [
     ("all", False, None, 64), ("reused", False, 0, 0), ("frequency", False, 0, 0),
+    ("adaptive", False, None, 64),
     ("all", True, None, 64), ("reused", True, 4, 64), ("frequency", True, 4, 64)])
 def test_only_admitted_pages_are_written_and_reloaded(tmp_path, admission, hit, offloaded,
                                                       reloaded_tokens):
@@ -103,7 +133,7 @@ def test_only_admitted_pages_are_written_and_reloaded(tmp_path, admission, hit, 
     assert host["offloaded_pages"] == offloaded
   offered = host["offloaded_pages"] + host["refused_pages"]
   assert offered + host["not_admitted_pages"] == kv["evictions"] + kv["expiries"]
-  assert (host["not_admitted_pages"] == 0) == (admission == "all")
+  assert (host["not_admitted_pages"] == 0) == (admission in ("all", "adaptive"))  # (probation)
 
 
 def test_the_kv_layer_section_counts_by_tier_and_names_hot_prefixes_by_hash(tmp_path):
