@@ -16,7 +16,7 @@ users run filter first:
              or recomputed once), a page seen once is not, and a hot page (hit often:
              doubled often) stays eligible for several periods after its last use. A copy
              that arrived by KV transfer (a decode instance's) is not a new use: only its
-             hits count.
+             hits count (and an unused copy dropped before its source leaves no count).
   adaptive   per tenant (page salt), from what the tier gave back: while the tenant's pages
              reloaded from the tier are at least `min_ratio` (0.1) of its pages offloaded
              (both halved whenever the offloads pass `window`, so old history fades), every
@@ -85,6 +85,8 @@ class FrequencyFilter(AllPages):
 
   def admit(self, name: bytes, salt: str, hits: int, last_used_s: float,
             copy: bool = False) -> bool:
+    if copy and hits == 0 and name not in self._seen:
+      return False      # an unused copy dropped before its source: no use to remember
     count = self.count(name, hits, last_used_s, copy)
     self._seen[name] = (count, last_used_s)
     self._seen.move_to_end(name)

@@ -46,6 +46,9 @@ def test_a_transferred_copy_is_not_a_new_use():
   assert f.admit(b"p", "s", 0, 1.0) is False
   assert (f.count(b"p", 0, 2.0, copy=True), f.admit(b"p", "s", 0, 2.0, copy=True)) == (1.0, False)
   assert f.admit(b"p", "s", 1, 3.0, copy=True) is True
+  # the other order: the decode copy dropped first, unused: no count; then its source's: 1
+  assert f.admit(b"q", "s", 0, 1.0, copy=True) is False
+  assert (f.count(b"q", 0, 2.0), f.admit(b"q", "s", 0, 2.0)) == (1.0, False)
 
 
 def test_adaptive_takes_a_tenants_pages_while_its_reloads_pay_off():
