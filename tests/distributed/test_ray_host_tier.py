@@ -3,28 +3,18 @@ actor (distributed/node_store.py), written and read by the instance processes, i
 in the driver. test_host_tier_serving's hand-built trace: r0 (tenant a) caches X, 4 full
 pages; three fillers evict them; r4 asks for X + 16 tokens at 4 s."""
 
-import json
-import random
-
 import pytest
 
 from helpers import sim_snapshots
+from helpers.host_tier_trace import trace_rows, write_trace
 from helpers.ray_fixtures import ray_cluster  # noqa: F401  (fixture)
 from pdjax import config as config_lib
 from pdjax.runner.execute import execute
 
-X = [random.Random(0).randrange(3, 500) for _ in range(64)]
-
 
 def _config(tmp_path, host_pages, last_tenant="a", launcher="ray"):
-  rng = random.Random(1)
-  rows = [{"arrival_s": 0.0, "prompt_ids": X, "output_len": 1, "tenant": "a"}]
-  rows += [{"arrival_s": float(i), "prompt_ids": [rng.randrange(3, 500) for _ in range(112)],
-            "output_len": 1, "tenant": "a"} for i in (1, 2, 3)]
-  rows.append({"arrival_s": 4.0, "prompt_ids": X + [7] * 16, "output_len": 4,
-               "tenant": last_tenant})
   path = tmp_path / f"trace_{last_tenant}.jsonl"
-  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  write_trace(path, trace_rows(last_tenant))
   return sim_snapshots._config({
       "backend": "jax", "mode": "colocated", "workload.kind": "jsonl",
       "workload.path": str(path), "workload.num_requests": 5,
@@ -99,3 +89,25 @@ def test_a_store_killed_mid_run_loses_the_tier_and_nothing_else(tmp_path, ray_cl
   assert on["faults"]["host_tier_lost_steps"] == 1
   assert on["kv_cache"]["host_tier"]["pages_at_end"] == 0
   assert on["kv_cache"]["host_tier"]["hit_pages"] == 4        # (the reload was planned)
+
+
+@pytest.mark.slow
+def test_a_flush_reaches_the_pool_and_the_store(tmp_path, ray_cluster, monkeypatch):
+  """Tenant a flushed at 3.5 s (after X's pages landed in the store, before r4): every page the
+  tier forgets (flushed or evicted) is dropped from the store too, r4 recomputes X, and the
+  audit has the flush's line for the actor's pool and for the host tier."""
+  from pdjax.kv.host_tier import HostTier
+  forgotten = []
+  forget = HostTier._forget
+  monkeypatch.setattr(HostTier, "_forget",
+                      lambda self, names: (forgotten.extend(names), forget(self, names)))
+  cfg = _config(tmp_path, 64)
+  cfg.kv.flush_tenants = "a@3.5"
+  on, r_on, _ = _serve(cfg, ray_cluster)
+  assert r_on.requests[-1].cached_tokens == 0
+  flushes = [(line["tier"], line["instance"], line["tenant"]) for line in r_on.kv_audit
+             if line["event"] == "flush"]
+  assert flushes == [("device", "colocated-0", "tenant:a"), ("host", "", "tenant:a")]
+  host = on["kv_cache"]["host_tier"]
+  assert host["flushed_pages"] > 0 and host["hit_pages"] == 0
+  assert len(forgotten) == host["flushed_pages"] + host["evicted_pages"]

@@ -9,27 +9,16 @@ pages, so the second one evicts X's 4 pages (least recently used) to the host ti
 16 new tokens, then finds X's 4 pages in the host tier: 64 prompt tokens reloaded, not
 recomputed."""
 
-import json
-import random
-
 import pytest
 
 from helpers import sim_snapshots
+from helpers.host_tier_trace import X, trace_rows, write_trace
 from pdjax import config as config_lib
 from pdjax.runner.execute import execute
 
-X = [random.Random(0).randrange(3, 500) for _ in range(64)]
-
 
 def _trace(path, last_tenant="a"):
-  rng = random.Random(1)
-  rows = [{"arrival_s": 0.0, "prompt_ids": X, "output_len": 1, "tenant": "a"}]
-  rows += [{"arrival_s": float(i), "prompt_ids": [rng.randrange(3, 500) for _ in range(112)],
-            "output_len": 1, "tenant": "a"} for i in (1, 2, 3)]
-  rows.append({"arrival_s": 4.0, "prompt_ids": X + [7] * 16, "output_len": 4,
-               "tenant": last_tenant})
-  with open(path, "w") as f:
-    f.write("".join(json.dumps(r) + "\n" for r in rows))
+  write_trace(path, trace_rows(last_tenant))
 
 
 def _run(tmp_path, host_pages, last_tenant="a", backend="sim", **more):

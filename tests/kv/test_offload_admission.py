@@ -3,8 +3,12 @@ hand-built hit histories (the policies), and in a simulated run (the tier's coun
 
 import pytest
 
+from helpers import sim_snapshots
+from helpers.host_tier_trace import trace_rows, write_trace
+from pdjax import config as config_lib
 from pdjax.kv.host_tier import HostTier
 from pdjax.kv.offload_admission import FrequencyFilter, make_admission
+from pdjax.runner.execute import execute
 
 
 def test_all_takes_every_page_reused_only_pages_hit_on_the_device():
@@ -90,22 +94,9 @@ def _serve(tmp_path, admission, hit_before_eviction):
   """test_host_tier_serving's run: r0 caches X (4 pages), three fillers evict it, r4 asks for
   X again at 4 s; with hit_before_eviction another request takes X's 4 pages at 0.5 s (its own
   fifth page is new)."""
-  import json
-  import random
-
-  from helpers import sim_snapshots
-  from pdjax import config as config_lib
-  from pdjax.runner.execute import execute
-  from test_host_tier_serving import X
-  rng = random.Random(1)
-  rows = [{"arrival_s": 0.0, "prompt_ids": X, "output_len": 1, "tenant": "a"}]
-  if hit_before_eviction:
-    rows.append({"arrival_s": 0.5, "prompt_ids": X + [9] * 16, "output_len": 1, "tenant": "a"})
-  rows += [{"arrival_s": float(i), "prompt_ids": [rng.randrange(3, 500) for _ in range(112)],
-            "output_len": 1, "tenant": "a"} for i in (1, 2, 3)]
-  rows.append({"arrival_s": 4.0, "prompt_ids": X + [7] * 16, "output_len": 4, "tenant": "a"})
+  rows = trace_rows(hit_at=0.5 if hit_before_eviction else None)
   path = tmp_path / "trace.jsonl"
-  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  write_trace(path, rows)
   cfg = sim_snapshots._config({
       "backend": "sim", "mode": "colocated", "workload.kind": "jsonl",
       "workload.path": str(path), "workload.num_requests": len(rows),
