@@ -32,7 +32,7 @@ def summarize_run(cfg, run: str, result, instances, problems=()) -> dict:
                                   remesh_events=result.remesh_events))
   summary["kv_cache"] = kv_cache_summary(result.requests, instances, samples=result.samples,
                                          flushes=result.flushes)
-  if result.kv_audit:
+  if summary["kv_cache"]["enabled"]:   # (the prefix cache on: the driver kept an audit)
     from pdjax.metrics.kv_layer import kv_layer_summary
     summary["kv_layer"] = kv_layer_summary(
         result.kv_audit, [i.tables.cache for i in instances if i.tables.cache is not None],

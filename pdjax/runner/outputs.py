@@ -24,7 +24,7 @@ def write_outputs(workdir: str, cfg, run: str, summary: dict, result,
   write_run_files(workdir, config_dict={**cfg.to_dict(), "mode": run},
                   requests=None if requests_written else result.requests, summary=summary)
   os.makedirs(os.path.join(workdir, "plots"), exist_ok=True)
-  if result.kv_audit:   # (kv/audit.py: with the prefix cache on)
+  if summary.get("kv_cache", {}).get("enabled"):   # (kv/audit.py: with the prefix cache on)
     with open(os.path.join(workdir, "kv_audit.jsonl"), "w") as f:
       f.writelines(json.dumps(line) + "\n" for line in result.kv_audit)
   host = summary.get("kv_cache", {}).get("host_tier")
