@@ -21,12 +21,17 @@ import numpy as np
 from pdjax.kv.seal import PageSealer, new_run_key
 
 
-def main() -> None:
-  p = argparse.ArgumentParser()
+def page_args(description: str) -> argparse.Namespace:
+  """--page-kib, --pages, --reps (shared with kv_store_ray.py)."""
+  p = argparse.ArgumentParser(description=description)
   p.add_argument("--page-kib", type=int, default=2048)
   p.add_argument("--pages", type=int, default=64)
   p.add_argument("--reps", type=int, default=5)
-  a = p.parse_args()
+  return p.parse_args()
+
+
+def main() -> None:
+  a = page_args(__doc__.split("\n")[0])
   rng = np.random.default_rng(0)
   pages = [rng.integers(0, 255, a.page_kib * 1024, dtype=np.uint8) for _ in range(a.pages)]
   names = [i.to_bytes(16, "little") for i in range(a.pages)]

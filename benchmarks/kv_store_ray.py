@@ -14,21 +14,19 @@ and GB/s, with the machine's description. Page sizes: Llama-3-8B's bf16 page of 
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 
 import numpy as np
 
 
 def main() -> None:
-  p = argparse.ArgumentParser()
-  p.add_argument("--page-kib", type=int, default=2048)
-  p.add_argument("--pages", type=int, default=64)
-  p.add_argument("--reps", type=int, default=5)
-  a = p.parse_args()
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from kv_seal import page_args
+  a = page_args(__doc__.split("\n")[0])
   os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
   import ray
   ray.init(include_dashboard=False, logging_level="ERROR")
