@@ -99,10 +99,19 @@ class AdaptiveAdmission(AllPages):
   name = "adaptive"
 
   def __init__(self, frequency: FrequencyFilter, min_ratio: float = 0.1, probation: int = 256,
-               window: int = 4096):
+               window: int = 4096, max_tenants: int = 4096):
     self.frequency, self.min_ratio = frequency, min_ratio
-    self.probation, self.window = probation, window
-    self._tenants: dict[str, list[float]] = {}   # salt -> [offloaded, reloaded] (decayed)
+    self.probation, self.window, self.max_tenants = probation, window, max_tenants
+    # salt -> [offloaded, reloaded] (decayed), least recently touched first: a long-lived
+    # server with a cache_salt per conversation would otherwise keep one entry per salt
+    self._tenants: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
+
+  def _counts(self, salt: str) -> list[float]:
+    counts = self._tenants.setdefault(salt, [0.0, 0.0])
+    self._tenants.move_to_end(salt)
+    while len(self._tenants) > self.max_tenants:   # (forgotten: on probation again)
+      self._tenants.popitem(last=False)
+    return counts
 
   def pays_off(self, salt: str) -> bool:
     """Whether salt's pages are worth offloading whole: on probation, or reloaded enough."""
@@ -114,14 +123,14 @@ class AdaptiveAdmission(AllPages):
     frequent = self.frequency.admit(name, salt, hits, last_used_s, copy)   # (its memory)
     taken = self.pays_off(salt) or frequent
     if taken:
-      counts = self._tenants.setdefault(salt, [0.0, 0.0])
+      counts = self._counts(salt)
       counts[0] += 1
       if counts[0] > self.window:
         counts[0], counts[1] = counts[0] / 2, counts[1] / 2
     return taken
 
   def reloaded(self, salt: str, pages: int) -> None:
-    self._tenants.setdefault(salt, [0.0, 0.0])[1] += pages
+    self._counts(salt)[1] += pages
 
 
 def make_admission(name: str, *, half_life_s: float = 60.0, memory: int = 1 << 16):

@@ -76,13 +76,20 @@ def host_tier_summary(instances) -> dict:
   }
 
 
-def hot_prefixes(caches, top: int = HOT_PREFIXES) -> list[dict]:
-  """The most-hit prefixes, hits summed over instances (same salt and name = same content)."""
+def prefix_hits(caches) -> tuple[collections.Counter, dict]:
+  """Hits per (salt, deepest name) summed over instances (same salt and name = same content),
+  and each one's depth in pages."""
   hits: collections.Counter = collections.Counter()
   pages: dict = {}
   for c in caches:
     hits.update(c.prefix_hits)
     pages.update(c.prefix_pages)
+  return hits, pages
+
+
+def hot_prefixes(caches, top: int = HOT_PREFIXES) -> list[dict]:
+  """The most-hit prefixes over all instances (`prefix_hits`)."""
+  hits, pages = prefix_hits(caches)
   ranked = sorted(hits.items(), key=lambda kv: (-kv[1], -pages[kv[0]], kv[0]))[:top]
   page_size = caches[0].page_size if caches else 0
   return [{"salt": salt, "prefix": name.hex()[:16], "pages": pages[(salt, name)], "hits": n,

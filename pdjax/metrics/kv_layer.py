@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import collections
 
+from pdjax.metrics import columns
+from pdjax.metrics.kv_cache import prefix_hits
+
 TOP_PER_TENANT = 10
 PREFIX_HEX = 12
 
@@ -38,11 +41,7 @@ def kv_layer_summary(audit_lines, caches, fragmentation: float) -> dict:
 def hot_prefixes_by_tenant(caches, top: int = TOP_PER_TENANT) -> dict[str, list[dict]]:
   """Each tenant's (salt's) most-hit prefixes, hits summed over instances: {salt: [{"prefix",
   "tokens", "hits"}]}, most hits first (ties: the longer prefix, then the name)."""
-  hits: collections.Counter = collections.Counter()
-  depth: dict = {}
-  for c in caches:
-    hits.update(c.prefix_hits)
-    depth.update(c.prefix_pages)
+  hits, depth = prefix_hits(caches)
   page_size = caches[0].page_size if caches else 0
   by_salt: dict[str, list] = collections.defaultdict(list)
   for (salt, name), n in hits.items():
@@ -53,3 +52,11 @@ def hot_prefixes_by_tenant(caches, top: int = TOP_PER_TENANT) -> dict[str, list[
     out[salt] = [{"prefix": name.hex()[:PREFIX_HEX], "tokens": depth[(salt, name)] * page_size,
                   "hits": n} for name, n in ranked]
   return out
+
+
+def host_tier_pages(samples):
+  """(t, pages held) of the samples that carry the node's host tier's page count (with
+  kv.host_tier_pages on); two empty arrays otherwise."""
+  has = columns.present(samples, "host_tier_pages")
+  t, pages = columns.numbers(samples, ("t", "host_tier_pages"), {"host_tier_pages": -1.0})
+  return t[has], pages[has]

@@ -296,13 +296,11 @@ def plot_plan(rows: Sequence[tuple[str, str, float]], path: str, top: int = 25) 
 def plot_kv_store(samples: Sequence[dict], capacity_pages: int, path: str) -> str:
   """The node's host KV store (kv.host_tier_pages) over the run: pages held, against its
   capacity (the samples' host_tier_pages)."""
-  from pdjax.metrics import columns
+  from pdjax.metrics.kv_layer import host_tier_pages
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(8, 3))
-  has = columns.present(samples, "host_tier_pages")
-  if has.any():
-    t, pages = (a[has] for a in columns.numbers(samples, ("t", "host_tier_pages"),
-                                                {"host_tier_pages": -1.0}))
+  t, pages = host_tier_pages(samples)
+  if len(t):
     ax.step(t, pages, where="post", label="pages held")
     ax.axhline(capacity_pages, color="gray", linestyle="--", label=f"capacity {capacity_pages}")
     ax.legend(loc="lower right")

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from pdjax.metrics import columns, trace_bins
+from pdjax.metrics.kv_layer import host_tier_pages
 from pdjax.metrics.trace_format import (INSTANCES_PID, REMESH_PID, REQUESTS_PID,  # noqa: F401
                                         counter_event)
 from pdjax.metrics.trace_format import instant as _instant
@@ -223,11 +224,9 @@ def _trace_events(requests: Sequence[Request], steps: Sequence[dict],
 def host_tier_counter(samples: Sequence[dict], limit: int | None) -> list[dict]:
   """Process 1: the node's host KV tier's "host tier pages" counter track (samples carry it
   when kv.host_tier_pages is on), one point per sample or, with a limit, per time bin (max)."""
-  has = columns.present(samples, "host_tier_pages")
-  if not has.any():
+  t, pages = host_tier_pages(samples)
+  if not len(t):
     return []
-  t, pages = (a[has] for a in columns.numbers(samples, ("t", "host_tier_pages"),
-                                              {"host_tier_pages": -1.0}))
   if limit is not None:
     b, _, _ = trace_bins.bin_index(t, 1, limit)
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])

@@ -75,6 +75,16 @@ def test_adaptive_takes_a_tenants_pages_while_its_reloads_pay_off():
   assert a._tenants["a"] == [4.5, 2.0]                          # 9 > 8: halved
 
 
+def test_adaptive_keeps_the_counts_of_its_most_recent_tenants_only():
+  from pdjax.kv.offload_admission import AdaptiveAdmission
+  a = AdaptiveAdmission(FrequencyFilter(60.0, 100), max_tenants=2)
+  for salt in ("a", "b", "c"):
+    a.admit(b"p", salt, 0, 1.0)
+  assert list(a._tenants) == ["b", "c"]
+  a.reloaded("b", 1)
+  assert list(a._tenants) == ["c", "b"]
+
+
 def test_bad_names_and_parameters_are_one_line_errors():
   with pytest.raises(ValueError, match=r"^host tier admission 'some' is not one of all, "
                                        r"reused, frequency, adaptive$"):

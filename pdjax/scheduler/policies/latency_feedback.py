@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+
 def size_class(tokens: int) -> int:
   """The power-of-two class of a prompt's computed tokens: 7 for 1-128, 8 for 129-256, ..."""
   return max(tokens - 1, 127).bit_length()

@@ -90,7 +90,7 @@ class PathPrediction:
   headroom: float
   batch_tpot_s: float | None = None   # local: the running batch's worst TPOT with it (None:
                                       # nothing runs there)
-  feedback: dict | None = None   # the online correction in ttft_s / tpot_s and its size class
+  feedback: dict | None = None   # the online correction in ttft_s and its size class
                                  # (latency_feedback.py; None: off)
 
   def to_json(self) -> dict:
