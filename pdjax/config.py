@@ -166,6 +166,39 @@ def _check_host_tier(cfg) -> None:
   gbps = cfg.sim.get("host_link_gbps", 0.0)
   _require(math.isfinite(gbps) and gbps >= 0, "sim.host_link_gbps", gbps,
            "must be a finite number >= 0 (0: the hardware preset's)")
+  _check_nodes(cfg)
+
+
+def _check_nodes(cfg) -> None:
+  """cluster.nodes and what crosses between them (issue 32): store reloads from another node
+  (kv.remote_store) and sealing (kv.seal_cross_node)."""
+  kv, nodes = cfg.kv, cfg.cluster.get("nodes", 1)
+  _require(isinstance(nodes, int) and nodes >= 1, "cluster.nodes", nodes,
+           "must be an integer >= 1")
+  _require(nodes == 1 or cfg.backend == "sim" or launcher(cfg) == "ray", "cluster.nodes", nodes,
+           "needs cluster.launcher=ray or backend='sim' (one process is one node)")
+  _require(nodes == 1 or cfg.scheduler.get("role_switch", "none") != "remesh", "cluster.nodes",
+           nodes, "needs scheduler.role_switch other than remesh (re-meshing is within a node)")
+  for key in ("cross_node_gbps", "seal_gbps"):
+    value = kv.get(key, 1.0)
+    _require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+             f"kv.{key}", value, "must be a finite number > 0")
+  if nodes > 1:
+    _require(not kv.get("stream_layers", 0), "kv.stream_layers", kv.get("stream_layers"),
+             "needs cluster.nodes=1 (layer-group streams are not sealed or timed across nodes)")
+    _require(kv.get("host_tier_handoff", "transfer") == "transfer", "kv.host_tier_handoff",
+             kv.get("host_tier_handoff"), "needs cluster.nodes=1 (a node's tier is its own)")
+  if kv.get("remote_store", False):
+    _require(kv.get("host_tier_pages", 0) > 0, "kv.remote_store", True,
+             "needs a host tier on every node (kv.host_tier_pages > 0)")
+    _require(nodes > 1, "kv.remote_store", True,
+             "needs cluster.nodes > 1 (with one node every store is local)")
+    _require(cfg.backend == "sim" or cfg.scheduler.get("latency_profile", ""),
+             "kv.remote_store", True, "needs scheduler.latency_profile on the jax backend (the "
+             "recompute a remote reload must beat is predicted from it)")
+  if kv.get("seal_cross_node", False):
+    _require(nodes > 1, "kv.seal_cross_node", True,
+             "needs cluster.nodes > 1 (nothing leaves a node)")
 
 
 def launcher(cfg) -> str:

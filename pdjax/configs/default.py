@@ -53,6 +53,9 @@ def get_config(arg=None):
   c.cluster.transfer_host = "127.0.0.1"    # ray: where the KV transfer servers listen
                                            #   ("node": each actor's node address, multi-host)
   c.cluster.pull_timeout_s = 30.0          # ray: a KV pull not done by then fails (recovery)
+  c.cluster.nodes = 1                      # nodes the instances fill in order (prefill, then
+                                           #   decode): KV between nodes crosses kv.cross_node_gbps
+                                           #   (ray: one Ray node each; sim: modelled)
 
   c.kv = ml_collections.ConfigDict()
   c.kv.page_size = 16                      # tokens per KV page
@@ -75,6 +78,14 @@ def get_config(arg=None):
   c.kv.host_tier_half_life_s = 60.0        # frequency: a page's count halves per this idle
   c.kv.host_tier_handoff = "transfer"      # P -> D: transfer (device to device) | host (write
                                            #   the prompt's pages through the host tier)
+  c.kv.remote_store = False                # a prefix in another node's host tier is reloaded
+                                           #   from there when predicted faster than recomputing
+  c.kv.cross_node_gbps = 100.0             # the link between nodes (Gbit/s): remote reloads and
+                                           #   P -> D between nodes (sim; the engine's prediction)
+  c.kv.seal_cross_node = False             # AES-GCM seal KV that leaves a node (remote reloads,
+                                           #   P -> D between nodes), through host memory
+  c.kv.seal_gbps = 24.0                    # sealing (and opening) rate per process, Gbit/s (the
+                                           #   sim's and the prediction's; measured: kv_seal.py)
   c.kv.transfer_failure_policy = "retry_then_recompute"   # or "fail"
   c.kv.transfer_retries = 3                # retries of a failed KV transfer before the policy
   c.kv.transfer_backoff_s = 0.005          # first retry's delay (doubles per retry)

@@ -42,12 +42,12 @@ class HostPage:
 
 class HostTier:
 
-  def __init__(self, capacity_pages: int, policy: str = "lru", admission=None):
+  def __init__(self, capacity_pages: int, policy: str = "lru", admission=None, node: int = 0):
     if capacity_pages < 1:
       raise ValueError(f"capacity_pages must be >= 1, got {capacity_pages}")
     if policy not in HOST_TIER_POLICIES:
       raise ValueError(f"policy must be one of {HOST_TIER_POLICIES}, got {policy!r}")
-    self.capacity, self.policy = capacity_pages, policy
+    self.capacity, self.policy, self.node = capacity_pages, policy, node   # (cluster.nodes)
     self.admission = admission or AllPages()
     self.audit, self.page_bytes = None, 0   # the run's KvAudit (attach_audit)
     self.on_forget = None   # called with the names whose payloads the tier let go (evicted,
@@ -56,7 +56,8 @@ class HostTier:
     self._pages: collections.OrderedDict[bytes, HostPage] = collections.OrderedDict()  # LRU
     self.stats = collections.Counter()   # offloaded, refused, duplicates, hit_pages,
                                          # lookups, hit_lookups, evictions, flushed, aborted,
-                                         # not_admitted
+                                         # not_admitted, remote_hit_pages (read from
+                                         # another node's tier), remote_declined_pages
 
   def __len__(self) -> int:
     return len(self._pages)

@@ -12,6 +12,7 @@ import heapq
 from collections.abc import Iterable
 
 from pdjax.kv.prefix_cache import PrefixCache, page_hashes
+from pdjax.kv.remote_store import RemotePage
 
 
 class OutOfPages(Exception):
@@ -99,6 +100,7 @@ class BlockTables:
     self._tables: dict[str, list[int]] = {}
     self.cache = None                       # a PrefixCache once enable_prefix_cache() runs
     self.host = None                        # a node's HostTier once attach_host() runs
+    self.remote = None                      # other nodes' tiers (RemoteReload), if any
     self.audit = None                       # (event, tier, salt, pages) once attach_audit()
     self.pending_loads: dict[int, object] = {}   # page -> host payload to write before the
                                                  # next step (a prefix reloaded from the host)
@@ -115,12 +117,13 @@ class BlockTables:
     self.cache = PrefixCache(self.allocator, self.page_size, capacity_pages=capacity_pages,
                              ttl_s=ttl_s, eviction=eviction)
 
-  def attach_host(self, tier, offload, receives_copies: bool = False) -> None:
+  def attach_host(self, tier, offload, receives_copies: bool = False, remote=None) -> None:
     """Shares a node's host tier (kv/host_tier.py): prefix pages evicted or expired from this
     pool go to offload(page, name, salt) (which writes them to the tier), and allocate_prefix
     reloads the tier's pages that continue a device hit. Needs the prefix cache.
     receives_copies: this pool's pages arrive by KV transfer (a decode instance): not new uses
-    to the tier's admission."""
+    to the tier's admission. remote: a RemoteReload (kv/remote_store.py, kv.remote_store):
+    what the node's tier lacks of a prefix may come from another node's tier."""
     if self.cache is None:
       raise ValueError("a host tier needs the prefix cache (page names)")
     cache = self.cache
@@ -130,7 +133,7 @@ class BlockTables:
                      receives_copies):   # (admission)
         offload(page, name, salt)
 
-    self.host, cache.on_drop = tier, on_drop
+    self.host, self.remote, cache.on_drop = tier, remote, on_drop
 
   def attach_audit(self, audit, instance: str, page_bytes: int) -> None:
     """Records this pool's KV events in the run's audit (kv/audit.py) under `instance`: its
@@ -287,13 +290,34 @@ class BlockTables:
     if self.host is not None and len(hits) < max_pages:
       # The host tier continues the device hit (names chain: only a prefix can be reused).
       reloaded = self.host.ready_prefix(names[len(hits):], salt, now)
-      self.host.count_lookup(reloaded)
       fresh = self._tables[seq_id][len(hits):len(hits) + reloaded]
       payloads = self.host.take(names[len(hits):len(hits) + reloaded], salt, now)
       self.pending_loads.update(zip(fresh, payloads))
       if reloaded and self.audit is not None:
         self.audit("reload", "host", salt, reloaded)
+      if self.remote is not None and len(hits) + reloaded < len(names):
+        reloaded += self._reload_remote(seq_id, names, len(hits) + reloaded, salt, now,
+                                        len(token_ids))
+      self.host.count_lookup(reloaded)
     return (len(hits) + reloaded) * self.page_size
+
+  def _reload_remote(self, seq_id: str, names: list[bytes], start: int, salt: str,
+                     now: float, prompt_tokens: int) -> int:
+    """The pages after `start` that another node's tier holds, taken when predicted faster
+    than recomputing them (kv/remote_store.py). Returns how many."""
+    peer, n = self.remote.find(names[start:], salt, now)
+    if not n:
+      return 0
+    if not self.remote.worth(n, start * self.page_size, prompt_tokens):
+      self.host.stats["remote_declined_pages"] += n
+      return 0
+    fresh = self._tables[seq_id][start:start + n]
+    payloads = peer.take(names[start:start + n], salt, now)
+    self.pending_loads.update(zip(fresh, [RemotePage(peer.node, p) for p in payloads]))
+    self.host.stats["remote_hit_pages"] += n
+    if self.audit is not None:
+      self.audit("reload", "remote", salt, n)
+    return n
 
   def _allocate_or_none(self, seq_id: str, num_tokens: int, owner: str = "") -> bool:
     if not self.can_allocate(num_tokens):

@@ -51,28 +51,40 @@ def kv_cache_summary(requests, instances, samples=(), flushes=()) -> dict:
 
 
 def host_tier_summary(instances) -> dict:
-  """The node's host tier: its own counts (pages offloaded into it, refused when full of
-  writes in flight, evicted, flushed, lost with a dead writer; reload lookups and the pages
-  they hit), the pages and bytes the instances moved over the host link and their load time,
-  and the pages each tenant (salt) holds at the end."""
-  tier = next(i.tables.host for i in instances if getattr(i.tables, "host", None) is not None)
+  """The nodes' host tiers (one per node, cluster.nodes), their counts summed: pages offloaded
+  into them, refused when full of writes in flight, evicted, flushed, lost with a dead writer;
+  reload lookups and the pages they hit (of which read from another node's tier, and those
+  found there but predicted slower than recomputing), the pages and bytes the instances moved
+  over the host link and between nodes, their load time, and the pages each tenant (salt)
+  holds at the end. capacity_pages: one node's."""
+  tiers = list({id(i.tables.host): i.tables.host for i in instances
+                if getattr(i.tables, "host", None) is not None}.values())
   moved = collections.Counter()
   for inst in instances:
     moved.update(getattr(inst, "host_stats", {}))
   page_bytes = instances[0].kv_bytes(1) if hasattr(instances[0], "kv_bytes") else 0
-  s = tier.stats
+  s = collections.Counter()
+  tenants = collections.Counter()
+  for tier in tiers:
+    s.update(tier.stats)
+    tenants.update(tier.pages_by_owner())
+  tier = tiers[0]
   return {
       "capacity_pages": tier.capacity, "policy": tier.policy,
-      "admission": tier.admission.name, "pages_at_end": len(tier),
+      "admission": tier.admission.name, "nodes": len(tiers),
+      "pages_at_end": sum(len(t) for t in tiers),
       "offloaded_pages": s["offloaded"], "not_admitted_pages": s["not_admitted"],
       "refused_pages": s["refused"],
       "evicted_pages": s["evictions"], "flushed_pages": s["flushed"],
       "lost_in_flight_pages": s["aborted"],
       "lookups": s["lookups"], "hit_lookups": s["hit_lookups"], "hit_pages": s["hit_pages"],
+      "remote_hit_pages": s["remote_hit_pages"],
+      "remote_declined_pages": s["remote_declined_pages"],
       "loaded_bytes": moved["load_pages"] * page_bytes,
+      "remote_loaded_bytes": moved["remote_load_pages"] * page_bytes,
       "offloaded_bytes": moved["offload_pages"] * page_bytes,
       "load_s_total": moved["load_s"],
-      "pages_per_tenant": tier.pages_by_owner(),
+      "pages_per_tenant": dict(sorted(tenants.items())),
   }
 
 

@@ -19,13 +19,16 @@ TOP_PER_TENANT = 10
 PREFIX_HEX = 12
 
 
-def kv_layer_summary(audit_lines, caches, fragmentation: float) -> dict:
-  """audit_lines: RunResult.kv_audit; caches: the instances' PrefixCaches."""
+def kv_layer_summary(audit_lines, caches, fragmentation: float,
+                     cross_node_transfer_bytes: int = 0) -> dict:
+  """audit_lines: RunResult.kv_audit; caches: the instances' PrefixCaches;
+  cross_node_transfer_bytes: P -> D bytes between nodes (`cross_node_transfer_bytes`)."""
   pages = collections.Counter()
   bytes_ = collections.Counter()
   for line in audit_lines:
     pages[line["event"], line["tier"]] += line["pages"]
     bytes_[line["event"]] += line["bytes"]
+    bytes_[line["event"], line["tier"]] += line["bytes"]
   return {
       "hot_prefixes_by_tenant": hot_prefixes_by_tenant(caches),
       "evicted_pages": {"device": pages["evict", "device"], "host": pages["evict", "host"]},
@@ -33,7 +36,10 @@ def kv_layer_summary(audit_lines, caches, fragmentation: float) -> dict:
       "flushed_pages": {"device": pages["flush", "device"], "host": pages["flush", "host"]},
       "internal_fragmentation": fragmentation,
       "offloaded_bytes": bytes_["offload"], "reloaded_bytes": bytes_["reload"],
-      "cross_node_bytes": 0,   # one node per run so far: no store is read across nodes
+      # between nodes (cluster.nodes > 1): reloads from another node's tier, P -> D transfers
+      "cross_node_bytes": bytes_["reload", "remote"] + cross_node_transfer_bytes,
+      "cross_node_reload_bytes": bytes_["reload", "remote"],
+      "cross_node_transfer_bytes": cross_node_transfer_bytes,
       "audit_lines": len(audit_lines),
   }
 
@@ -60,3 +66,11 @@ def host_tier_pages(samples):
   has = columns.present(samples, "host_tier_pages")
   t, pages = columns.numbers(samples, ("t", "host_tier_pages"), {"host_tier_pages": -1.0})
   return t[has], pages[has]
+
+
+def cross_node_transfer_bytes(requests, instances) -> int:
+  """The bytes of the P -> D transfers whose two instances sit on different nodes."""
+  node = {i.name: getattr(i, "node", 0) for i in instances}
+  return sum(r.transfer_bytes for r in requests
+             if r.prefill_instance in node and r.decode_instance in node
+             and node[r.prefill_instance] != node[r.decode_instance])

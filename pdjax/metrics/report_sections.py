@@ -271,7 +271,9 @@ def kv_layer_section(k: dict) -> list[str]:
            f"flushed: device {k['flushed_pages']['device']}, host {k['flushed_pages']['host']}",
            f"- Bytes offloaded to the host tier {k['offloaded_bytes'] * mib:.2f} MiB, reloaded "
            f"{k['reloaded_bytes'] * mib:.2f} MiB, moved across nodes "
-           f"{k['cross_node_bytes'] * mib:.2f} MiB",
+           f"{k['cross_node_bytes'] * mib:.2f} MiB (store reloads "
+           f"{k.get('cross_node_reload_bytes', 0) * mib:.2f}, P -> D "
+           f"{k.get('cross_node_transfer_bytes', 0) * mib:.2f})",
            f"- Internal fragmentation: {100 * k['internal_fragmentation']:.1f}%; audit lines "
            f"(kv_audit.jsonl): {k['audit_lines']}", ""]
   for salt, hot in k["hot_prefixes_by_tenant"].items():

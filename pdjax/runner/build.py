@@ -102,7 +102,8 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
     instances = ray_cluster.build_instances(
         tiers, mcfg, opts, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
         roles_may_change=cfg.scheduler.role_switch == "queue_balance",
-        opts_by_role=options_lib.tier_options(cfg, opts), remesh_tps=remesh_tps)
+        opts_by_role=options_lib.tier_options(cfg, opts), remesh_tps=remesh_tps,
+        nodes=cfg.cluster.get("nodes", 1))
     serve_kwargs = dict(transfer_fn=ray_cluster.transfer_fn)
   else:
     from pdjax.engine.cluster import build_instances
@@ -110,9 +111,19 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
                                 roles_may_change=cfg.scheduler.role_switch == "queue_balance",
                                 opts_by_role=options_lib.tier_options(cfg, opts),
                                 progress=progress)
+  if ray_cluster is None:   # (the Ray launcher placed its actors on their nodes)
+    from pdjax.kv.remote_store import nodes_of
+    for inst, node in zip(instances, nodes_of(len(instances), cfg.cluster.get("nodes", 1))):
+      inst.node = node
+  if cfg.cluster.get("nodes", 1) > 1:
+    from pdjax.kv.remote_store import CrossNodeLink
+    for inst in instances:   # (KV between two nodes crosses it: sim_transfer, sealing)
+      inst.node_link = CrossNodeLink.from_config(cfg.kv)
   prepare = _preparer(cfg, mcfg)
   for inst in instances:
     prepare(inst)
+  if cfg.kv.get("remote_store", False):
+    _attach_remote_stores(cfg, instances)
   if cfg.kv.get("host_tier_pages", 0):
     handoff = cfg.kv.get("host_tier_handoff", "transfer")
     if handoff == "host" and cfg.backend == "jax":
@@ -139,21 +150,25 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
 
 def _preparer(cfg, mcfg):
   """What every instance of the run gets once built (the first ones and a re-mesh's): the
-  latency profile's cost (slo_headroom's predictions), the prefix cache, the node's host
-  tier (one for the run: every instance shares it)."""
+  latency profile's cost (slo_headroom's predictions), the prefix cache, its node's host
+  tier (one per node of the run, cluster.nodes: every instance of the node shares it)."""
   profile = config_lib.latency_profile(cfg, mcfg)
-  host_tier = None
-  if cfg.kv.get("host_tier_pages", 0):
-    from pdjax.kv.host_tier import HostTier
-    from pdjax.kv.offload_admission import make_admission
-    from pdjax.sim.hardware import HARDWARE
-    gbps = cfg.sim.get("host_link_gbps", 0.0)
-    admission = make_admission(cfg.kv.get("host_tier_admission", "all"),
-                               half_life_s=cfg.kv.get("host_tier_half_life_s", 60.0),
-                               memory=4 * cfg.kv.host_tier_pages)
-    host_tier = (HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy, admission),
-                 gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s,
-                 cfg.kv.get("host_tier_handoff", "transfer"))
+  node_tiers: dict[int, tuple] = {}   # node -> (its HostTier, host link bytes/s, hand-off)
+
+  def host_tier(node: int) -> tuple:
+    if node not in node_tiers:
+      from pdjax.kv.host_tier import HostTier
+      from pdjax.kv.offload_admission import make_admission
+      from pdjax.sim.hardware import HARDWARE
+      gbps = cfg.sim.get("host_link_gbps", 0.0)
+      admission = make_admission(cfg.kv.get("host_tier_admission", "all"),
+                                 half_life_s=cfg.kv.get("host_tier_half_life_s", 60.0),
+                                 memory=4 * cfg.kv.host_tier_pages)
+      node_tiers[node] = (
+          HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy, admission, node=node),
+          gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s,
+          cfg.kv.get("host_tier_handoff", "transfer"))
+    return node_tiers[node]
 
   if profile is not None:   # (scheduler/policies/latency_model.py)
     import jax
@@ -168,9 +183,22 @@ def _preparer(cfg, mcfg):
       inst.shares_host = shares_host
     if cfg.kv.prefix_cache:
       inst.tables.enable_prefix_cache(cfg.kv.cache_pages, cfg.kv.ttl_s, cfg.kv.eviction)
-    if host_tier is not None:
-      inst.attach_host_tier(*host_tier)
+    if cfg.kv.get("host_tier_pages", 0):
+      inst.attach_host_tier(*host_tier(getattr(inst, "node", 0)))
   return prepare
+
+
+def _attach_remote_stores(cfg, instances) -> None:
+  """kv.remote_store: each instance may reload what its node's tier lacks from the other
+  nodes' tiers when its cost model predicts that beats recomputing (kv/remote_store.py)."""
+  from pdjax.kv.remote_store import CrossNodeLink, RemoteReload
+  tiers = {inst.tables.host.node: inst.tables.host for inst in instances}
+  for inst in instances:
+    node = inst.tables.host.node
+    inst.tables.remote = RemoteReload(
+        [t for n, t in sorted(tiers.items()) if n != node], recompute_s=inst.cost.prefill_s,
+        page_bytes=inst.kv_bytes(1), page_size=inst.tables.page_size,
+        link=CrossNodeLink.from_config(cfg.kv))
 
 
 def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress, ray_cluster=None):

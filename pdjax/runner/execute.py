@@ -33,10 +33,11 @@ def summarize_run(cfg, run: str, result, instances, problems=()) -> dict:
   summary["kv_cache"] = kv_cache_summary(result.requests, instances, samples=result.samples,
                                          flushes=result.flushes)
   if summary["kv_cache"]["enabled"]:   # (the prefix cache on: the driver kept an audit)
-    from pdjax.metrics.kv_layer import kv_layer_summary
+    from pdjax.metrics.kv_layer import cross_node_transfer_bytes, kv_layer_summary
     summary["kv_layer"] = kv_layer_summary(
         result.kv_audit, [i.tables.cache for i in instances if i.tables.cache is not None],
-        summary["kv_cache"]["internal_fragmentation"])
+        summary["kv_cache"]["internal_fragmentation"],
+        cross_node_transfer_bytes(result.requests, instances))
   summary["faults"] = fault_summary(result.requests, result.faults)
   summary["steps"] = result.step_counts()
   summary["workload_problems"] = list(problems)

@@ -13,6 +13,7 @@ so a simulated request runs to its max_new_tokens: traces give output lengths, n
 from __future__ import annotations
 
 from pdjax.kv.pages import BlockTables
+from pdjax.kv.remote_store import RemotePage
 from pdjax.sim import decode_chain
 from pdjax.sim.digest import A as _A
 from pdjax.sim.digest import EMPTY as _EMPTY
@@ -66,6 +67,7 @@ class SimInstance:
     self.host_page_weight = 0.0          # what reloading a page saves against recomputing it
     self.handoff = "transfer"            # or "host": P -> D through the host tier
     self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
+    self.node, self.node_link = 0, None   # its node and the link between nodes (cluster.nodes)
     # Decode chains (pdjax/sim/decode_chain.py): many steps at once, where the cost model
     # computes many steps' times at once and no shared host moves their ends.
     self.decode_chains = hasattr(cost, "decode_s_steps") and host is None
@@ -96,9 +98,15 @@ class SimInstance:
     loads = self.tables.take_loads() if self.tables.pending_loads else ()
     if not loads:
       return 0.0
+    remote = 0
     for page, digest in loads:
+      if isinstance(digest, RemotePage):   # from another node's tier, over the link first
+        digest, remote = digest.payload, remote + 1
       self.digests[page] = digest
     seconds = self._host_copy_s(len(loads))
+    if remote:
+      seconds += self.tables.remote.reload_s(remote)
+      self.host_stats["remote_load_pages"] = self.host_stats.get("remote_load_pages", 0) + remote
     self.host_stats["load_pages"] += len(loads)
     self.host_stats["load_s"] += seconds
     return seconds
@@ -212,7 +220,10 @@ def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
   if src.handoff == "host":
     return via_host_tier(src, src_pages, dst, dst_pages)
   num_bytes = src.kv_bytes(src.cost.moved_pages(len(src_pages)))
-  seconds = src.cost.transfer_s(num_bytes)
+  if src.node != dst.node:   # between nodes: their link (and sealing), not the node's fabric
+    seconds = src.node_link.seconds(num_bytes)
+  else:
+    seconds = src.cost.transfer_s(num_bytes)
   if src.cost.transfer_waits_for_destination and dst.last_step is not None:
     seconds += max(dst.last_step.end_s - src.clock.now(), 0.0)
   return SimTransfer(src, list(src_pages), dst, list(dst_pages), num_bytes, seconds)

@@ -155,5 +155,5 @@ def test_the_kv_layer_section_counts_by_tier_and_names_hot_prefixes_by_hash(tmp_
   assert lines[2] == (f"- Pages evicted: device {kv['evictions']}, host 0; expired: device 0; "
                       "flushed: device 0, host 0")
   assert lines[3] == ("- Bytes offloaded to the host tier 0.06 MiB, reloaded 0.06 MiB, moved "
-                      "across nodes 0.00 MiB")
+                      "across nodes 0.00 MiB (store reloads 0.00, P -> D 0.00)")
   assert lines[-2] == f"| {hot['prefix']} | 64 | 1 |"

@@ -1,0 +1,100 @@
+"""Host tiers on several nodes (issue 32, `cluster.nodes`, `kv.remote_store`): where each
+instance sits, and reloading a prefix from another node's tier when that is predicted to beat
+recomputing it. Pure Python.
+
+Instances fill the nodes in build order (prefill, then decode; or the colocated ones), each
+node holding about as many: one prefill and one decode instance on two nodes are apart, as in
+a P/D deployment with a node per role. Every node has its own host tier (its own store under
+Ray). An instance reads its own node's tier first; what its tier lacks of a prefix may come
+from another node's tier (`RemoteReload`), over the cross-node link (`kv.cross_node_gbps`),
+sealed (`kv.seal_cross_node`: each page's bytes are sealed once and opened once more). It is
+taken only when bytes / link (+ sealing) < the instance's predicted recompute of those
+tokens: a reload is a bet on the link, and a slow link loses it.
+
+Pages reloaded from another node are pending loads wrapped in `RemotePage` (the node they
+come from): the simulator times them on the link, the Ray launcher reads them from that node's
+store. The reading tier counts them (`remote_hit_pages`, `remote_declined_pages`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def nodes_of(count: int, nodes: int) -> list[int]:
+  """The node of each of `count` instances (build order) over `nodes` nodes: contiguous,
+  even blocks (4 instances on 2 nodes: 0, 0, 1, 1; 2 on 2: 0, 1; 3 on 2: 0, 0, 1)."""
+  if nodes < 1:
+    raise ValueError(f"nodes must be >= 1, got {nodes}")
+  return [k * nodes // max(count, 1) for k in range(count)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RemotePage:
+  """A pending load read from another node's tier: its payload there and that node."""
+  node: int
+  payload: object
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossNodeLink:
+  """The link between nodes (kv.cross_node_gbps) and, when KV that leaves a node is sealed
+  (kv.seal_cross_node), the sealing rate (kv.seal_gbps; 0: not sealed): each byte is sealed
+  once on its node and opened once on the other."""
+  bytes_per_s: float
+  seal_bytes_per_s: float = 0.0
+
+  @property
+  def sealed(self) -> bool:
+    return self.seal_bytes_per_s > 0
+
+  def seconds(self, nbytes: float) -> float:
+    seal = 2 * nbytes / self.seal_bytes_per_s if self.sealed else 0.0
+    return nbytes / self.bytes_per_s + seal
+
+  @classmethod
+  def from_config(cls, kv) -> "CrossNodeLink":
+    return cls(kv.get("cross_node_gbps", 100.0) * 1e9 / 8,
+               kv.get("seal_gbps", 24.0) * 1e9 / 8 if kv.get("seal_cross_node", False) else 0.0)
+
+
+class RemoteReload:
+  """One instance's view of the other nodes' tiers: which has a prefix, and whether reading
+  it from there beats recomputing it.
+
+  recompute_s(chunks): the instance's predicted prefill time of [(new tokens, cached tokens
+  before them)] (its cost model's prefill_s); page_bytes: a page's KV bytes; link: the
+  CrossNodeLink."""
+
+  def __init__(self, peers, *, recompute_s, page_bytes: int, page_size: int,
+               link: CrossNodeLink):
+    self.peers, self.recompute_s = list(peers), recompute_s
+    self.page_bytes, self.page_size, self.link = page_bytes, page_size, link
+
+  def reload_s(self, pages: int) -> float:
+    """Predicted seconds to bring `pages` over: the link, and sealing plus opening."""
+    return self.link.seconds(pages * self.page_bytes)
+
+  def find(self, names: list[bytes], salt: str, now: float):
+    """(the peer tier holding the longest landed prefix of names under salt, its length);
+    (None, 0) when none holds any. Ties: the first peer (lowest node)."""
+    best, best_n = None, 0
+    for tier in self.peers:
+      if tier.lost:
+        continue
+      n = tier.ready_prefix(names, salt, now)
+      if n > best_n:
+        best, best_n = tier, n
+    return best, best_n
+
+  def saved_s(self, pages: int, start_tokens: int, prompt_tokens: int) -> float:
+    """What reloading `pages` pages after start_tokens cached ones saves of the prompt's
+    prefill: its predicted time from start_tokens less its time after those pages."""
+    reused = start_tokens + pages * self.page_size
+    return (self.recompute_s([(prompt_tokens - start_tokens, start_tokens)])
+            - self.recompute_s([(prompt_tokens - reused, reused)]))
+
+  def worth(self, pages: int, start_tokens: int, prompt_tokens: int) -> bool:
+    """Whether `pages` pages after start_tokens cached tokens come faster from another node
+    than the prefill they save."""
+    return self.reload_s(pages) < self.saved_s(pages, start_tokens, prompt_tokens)
