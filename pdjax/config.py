@@ -199,6 +199,11 @@ def _check_nodes(cfg) -> None:
   if kv.get("seal_cross_node", False):
     _require(nodes > 1, "kv.seal_cross_node", True,
              "needs cluster.nodes > 1 (nothing leaves a node)")
+  tamper = cfg.faults.get("tamper_prob", 0.0)
+  if tamper:
+    _require(kv.get("seal_cross_node", False) and launcher(cfg) == "ray", "faults.tamper_prob",
+             tamper, "needs kv.seal_cross_node=True and cluster.launcher=ray (a real sealed "
+             "piece to flip)")
 
 
 def launcher(cfg) -> str:

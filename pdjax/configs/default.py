@@ -173,6 +173,8 @@ def get_config(arg=None):
   c.faults.restart_s = 0.0                 # a killed instance is back after this (0: never)
   c.faults.cancel_prob = 0.0               # a client aborts a request with this probability
   c.faults.cancel_stages = "queued,prefill,transfer_wait,transfer,decode"   # stages a cancel hits
+  c.faults.tamper_prob = 0.0               # a sealed P -> D piece between nodes has a byte
+                                           #   flipped in transit (kv.seal_cross_node, ray)
 
   c.sim = ml_collections.ConfigDict()      # backend=sim only
   c.sim.cost_model = "roofline"            # roofline (hardware preset) | calibrated (sim.profile)

@@ -46,9 +46,11 @@ from pdjax.engine import transfer
 from pdjax.engine.cluster import enable_compile_cache, host_params
 from pdjax.engine.instance import Instance
 from pdjax.engine.options import EngineOptions
+from pdjax.distributed.sealed_kv import SealedActorMixin, open_pages
 from pdjax.engine.runtime import device_errors
 from pdjax.models.llama_config import LlamaConfig
-from pdjax.scheduler.errors import DeviceError, HostTierLost, PullNotStarted, StepNotRun
+from pdjax.scheduler.errors import (DeviceError, HostTierLost, PullNotStarted, ReloadFailed,
+                                    RemoteStoreLost, StepNotRun)
 
 PULL_POLL_S = 0.0005   # how often a pull in flight is checked
 
@@ -67,9 +69,15 @@ class ActorSpec:
   compile_cache_dir: str = ""
   transfer_host: str = "127.0.0.1"   # the address the transfer server listens on; "node":
                                      # the actor's node address (hosts that reach each other)
+  node: int = 0                      # the run's node it is placed on (cluster.nodes)
 
 
-class InstanceActor:
+def _ray_node_id() -> str:
+  import ray
+  return ray.get_runtime_context().get_node_id()
+
+
+class InstanceActor(SealedActorMixin):
 
   def __init__(self, spec: ActorSpec):
     enable_compile_cache(spec.compile_cache_dir)
@@ -100,7 +108,8 @@ class InstanceActor:
     return {"address": self.server.address(), "pid": os.getpid(),
             "platform": self.inst.mesh.devices.flat[0].platform,
             "overlap_by_default": self.inst.overlap_by_default,
-            "page_bytes": transfer.page_bytes(self.inst), **self._counters()}
+            "page_bytes": transfer.page_bytes(self.inst), "ray_node_id": _ray_node_id(),
+            **self._counters()}
 
   def _counters(self) -> dict:
     i = self.inst
@@ -144,18 +153,41 @@ class InstanceActor:
     except ray.exceptions.RayActorError as e:
       raise HostTierLost(f"the node KV store is gone: {type(e).__name__}") from None
 
-  async def _reload(self, loads: list, store) -> None:
-    """Writes host pages from the store into the pool (before the step that reads them)."""
+  async def _reload(self, loads: list, store, remote_loads: list = (), stores=None,
+                    seal_key: bytes | None = None) -> None:
+    """Writes host pages from the stores into the pool (before the step that reads them):
+    loads [(page, name)] from this node's store, remote_loads [(page, name, node)] from
+    stores[node] (another node's; sealed there and opened here when seal_key is set)."""
     import ray
-    try:
-      arrays = await store.get.remote([name for _, name in loads])
-    except ray.exceptions.RayActorError as e:
-      raise HostTierLost(f"the node KV store is gone: {type(e).__name__}") from None
-    self._host_copies().scatter_from_host([page for page, _ in loads], arrays)
+    pages, arrays = [], []
+    if loads:
+      try:
+        arrays += await store.get.remote([name for _, name in loads])
+      except ray.exceptions.RayActorError as e:
+        raise HostTierLost(f"the node KV store is gone: {type(e).__name__}") from None
+      pages += [page for page, _ in loads]
+    for node in sorted({n for _, _, n in remote_loads}):
+      these = [(page, name) for page, name, n in remote_loads if n == node]
+      names = [name for _, name in these]
+      try:
+        if seal_key is None:
+          got = await stores[node].get.remote(names)
+        else:
+          got = open_pages(seal_key, names, await stores[node].get_sealed.remote(names,
+                                                                                 seal_key))
+      except ray.exceptions.RayActorError as e:
+        raise RemoteStoreLost(f"the KV store of node {node} is gone: {type(e).__name__}",
+                              node) from None
+      except DeviceError as e:   # (a sealed page that did not open: SealError)
+        raise ReloadFailed(f"reload from node {node}: {e}") from None
+      pages += [page for page, _ in these]
+      arrays += got
+    self._host_copies().scatter_from_host(pages, arrays)
 
   async def step(self, seq: int, kind: str, seqs: list, prev_seq: int | None,
                  revoked: tuple[int, ...] = (), offers: tuple = (),
-                 offer_ttl_s: float = 0.0, loads: tuple = (), store=None) -> dict:
+                 offer_ttl_s: float = 0.0, loads: tuple = (), store=None,
+                 remote_loads: tuple = (), stores=None, seal_key: bytes | None = None) -> dict:
     """Dispatches step `seq` (after every earlier one), waits for its tokens off the event loop
     and returns them with its host timings and the compile counters. prev_seq: the step whose
     device tokens feed PendingToken rows (the one dispatched just before). When that step
@@ -165,7 +197,8 @@ class InstanceActor:
     groups, kv.stream_layers): [(one uuid per layer group, source pages, puller's TP)]: each
     group's pages are offered under its uuid as soon as the group is enqueued (`OfferStream`),
     each expiring after offer_ttl_s unless settled, as `offer`'s. loads: [(page, name)] host
-    pages the step reads, fetched from the node's KV store and written into the pool first."""
+    pages the step reads, fetched from the node's KV store and written into the pool first;
+    remote_loads [(page, name, node)]: those from other nodes' stores (`_reload`)."""
     self._revoked.update(revoked)   # before any await: no late pull lands after this step
     await self._in_order(seq)
     try:
@@ -185,8 +218,8 @@ class InstanceActor:
                    for uuids, pages, dst_tp in offers]
         launch = lambda seqs, prev: self.inst.prefill(seqs, prev, streams=streams)  # noqa: E731
       try:
-        if loads:
-          await self._reload(list(loads), store)
+        if loads or remote_loads:
+          await self._reload(list(loads), store, list(remote_loads), stores, seal_key)
         pending = launch(seqs, prev)
       except DeviceError:
         self._last = (seq, None)   # a step dispatched ahead on its tokens is not run either

@@ -42,7 +42,8 @@ class RayCluster:
     self.transfer_fn = RayTransfer(pull_timeout_s, transfer_timeout_s)   # (see RayTransfer)
     self._started_ray = False
     self._live: list[RemoteInstance] = []
-    self._store = None               # the node KV store actor (node_store), once used
+    self._stores: dict[int, object] = {}   # node -> its KV store actor (node_store), once used
+    self._node_ids: list[str] = []         # the run's nodes (cluster.nodes): Ray node ids
 
   def __enter__(self) -> "RayCluster":
     self.start()
@@ -68,9 +69,9 @@ class RayCluster:
   def shutdown(self) -> None:
     """Kills every actor still alive, then leaves (or stops the local) Ray if it started it."""
     self.release(self._live)
-    if self._store is not None:
-      ray.kill(self._store, no_restart=True)
-      self._store = None
+    for store in self._stores.values():
+      ray.kill(store, no_restart=True)
+    self._stores.clear()
     if self._started_ray:
       ray.shutdown()
       self._started_ray = False
@@ -86,23 +87,28 @@ class RayCluster:
   def build_instances(self, tiers: list[tuple[str, int, int]], mcfg, opts, *,
                       checkpoint: str = "", seed: int = 0, roles_may_change: bool = False,
                       opts_by_role: dict | None = None,
-                      remesh_tps: dict | None = None) -> list[RemoteInstance]:
+                      remesh_tps: dict | None = None, nodes: int = 1) -> list[RemoteInstance]:
     """One actor per (role, index), all started and warmed up at once, then every transfer
     bucket run once between each sender and receiver (connections, first copies). The same
     programs as `engine.cluster.build_instances`. remesh_tps ({role: TPs}, re-meshing:
     distributed/remesh.py): the actors of those tiers also send and receive KV at each of
-    those TPs (a re-mesh moves their requests' KV to the new actors)."""
+    those TPs (a re-mesh moves their requests' KV to the new actors). nodes
+    (cluster.nodes): the actors fill that many Ray nodes in even blocks (kv/remote_store.py's
+    nodes_of), each pinned to its node; 1: wherever Ray places them."""
+    from pdjax.kv.remote_store import nodes_of
+    self.use_nodes(nodes)
     remesh_tps = remesh_tps or {}
     tps = {role: tuple(sorted({tp for r, _, tp in tiers if r == role or roles_may_change}
                               | set(remesh_tps.get(role, ()))))
            for role in ("prefill", "decode")}
     instances = []
+    placed = iter(nodes_of(sum(count for _, count, _ in tiers), nodes))
     for role, count, tp in tiers:
       for i in range(count):
         spec = ActorSpec(name=f"{role}-{i}", role=role, tp=tp, model=mcfg,
                          opts=(opts_by_role or {}).get(role, opts), checkpoint=checkpoint,
                          seed=seed, compile_cache_dir=self.compile_cache_dir,
-                         transfer_host=self.transfer_host)
+                         transfer_host=self.transfer_host, node=next(placed))
         moves = role in remesh_tps
         sends = role == "prefill" or moves or (roles_may_change and role == "decode")
         receives = role == "decode" or moves or (roles_may_change and role == "prefill")
@@ -141,25 +147,48 @@ class RayCluster:
     for _, t in pulls:
       t.result()     # (and settled: a taken offer never expires)
 
-  def node_store(self):
-    """The node's KV store actor (node_store.py), started on first use; one for the cluster
-    while it runs on one node."""
-    if self._store is None:
+  def use_nodes(self, nodes: int) -> None:
+    """The run's nodes: with 1, wherever Ray places an actor; else the first `nodes` alive
+    Ray nodes, this process's own first, then by node id (one-line error when fewer)."""
+    if nodes == 1:
+      self._node_ids = []
+      return
+    own = ray.get_runtime_context().get_node_id()
+    alive = sorted((n["NodeID"] for n in ray.nodes() if n["Alive"]), key=lambda n: (n != own, n))
+    if len(alive) < nodes:
+      raise ValueError(f"cluster.nodes={nodes} but the Ray cluster has {len(alive)} alive "
+                       f"node(s)")
+    self._node_ids = alive[:nodes]
+
+  def _placement(self, node: int) -> dict:
+    """Pins an actor to the run's node `node` (nothing with one node)."""
+    if not self._node_ids:
+      return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return dict(scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_ids[node],
+                                                                   soft=False))
+
+  def node_store(self, node: int = 0):
+    """The KV store actor (node_store.py) of the run's node `node`, started on that node on
+    first use."""
+    if node not in self._stores:
       from pdjax.distributed.node_store import NodeStore
-      self._store = ray.remote(NodeStore).options(num_cpus=0).remote()
-    return self._store
+      self._stores[node] = ray.remote(NodeStore).options(num_cpus=0,
+                                                         **self._placement(node)).remote()
+    return self._stores[node]
 
   def clear_store(self) -> None:
-    """Empties the node store between runs (each run has its own host tier); a store that
+    """Empties the node stores between runs (each run has its own host tiers); a store that
     died during the run (a lost tier) is replaced by a new one when next used."""
-    if self._store is not None:
+    for node, store in list(self._stores.items()):
       try:
-        ray.get(self._store.clear.remote())
+        ray.get(store.clear.remote())
       except ray.exceptions.RayActorError:
-        self._store = None
+        del self._stores[node]
 
   def _new_actor(self, spec: ActorSpec):
-    return ray.remote(InstanceActor).options(**self.actor_options(spec.tp)).remote(spec)
+    return ray.remote(InstanceActor).options(**self.actor_options(spec.tp),
+                                             **self._placement(spec.node)).remote(spec)
 
   def actor_options(self, tp: int) -> dict:
     """Ray placement of a TP-tp instance (see the module doc)."""

@@ -29,6 +29,11 @@ class NodeStore:
   def get(self, names: list[bytes]) -> list:
     return [self.pages[n] for n in names]
 
+  def get_sealed(self, names: list[bytes], key: bytes) -> list:
+    """The pages sealed under their names (kv.seal_cross_node: a read from another node)."""
+    from pdjax.distributed.sealed_kv import seal_pages
+    return seal_pages(key, names, [self.pages[n] for n in names])
+
   def drop(self, names: list[bytes]) -> int:
     return sum(self.pages.pop(n, None) is not None for n in names)
 

@@ -122,17 +122,34 @@ class RayTransfer:
   def __init__(self, timeout_s: float, transfer_timeout_s: float = 0.0):
     self.timeout_s = min(timeout_s, transfer_timeout_s) if transfer_timeout_s else timeout_s
     self._uuids = itertools.count(random.getrandbits(40) << 20)
+    self.seal_key: bytes | None = None   # the run's, when KV between nodes is sealed
 
   @property
   def offer_ttl_s(self) -> float:
     return self.timeout_s + DEADLINE_GRACE_S
 
   def __call__(self, src: RemoteInstance, src_pages: list[int], dst: RemoteInstance,
-               dst_pages: list[int]) -> RemoteTransfer:
+               dst_pages: list[int], tamper: bool = False) -> RemoteTransfer:
+    """tamper (faults.tamper_prob): a sealed transfer's piece gets one byte flipped."""
     if len(src_pages) != len(dst_pages):
       raise ValueError(f"page counts differ: {len(src_pages)} source, {len(dst_pages)} "
                        f"destination")
+    if self.seal_key is not None and src.node != dst.node:
+      return self.sealed(src, src_pages, dst, dst_pages, tamper)
     return self.dispatch(src, src_pages, dst, dst_pages)
+
+  def sealed(self, src, src_pages, dst, dst_pages, tamper: bool = False) -> RemoteTransfer:
+    """Between two nodes under kv.seal_cross_node: the source actor seals the pages in host
+    memory, the destination opens and writes them (distributed/sealed_kv.py); the export's
+    result goes from one to the other as the import's argument, never through the driver."""
+    start, uuid = time.perf_counter(), next(self._uuids)
+    export = src.actor.export_sealed.remote(uuid, flat(src_pages), self.seal_key, tamper)
+    dst.flush_offloads()
+    epoch, pages = dst.next_epoch(), flat(dst_pages)
+    pull = dst.actor.import_sealed.remote(uuid, export, pages, self.seal_key, epoch,
+                                          dst.revoked())
+    return RemoteTransfer(pull, export, start, self.timeout_s, len(pages) * dst.page_bytes,
+                          (src.name, dst.name), dst, epoch, src, uuid)
 
   def dispatch(self, src, src_pages, dst, dst_pages,
                layers: tuple[int, int] | None = None) -> RemoteTransfer:

@@ -23,7 +23,8 @@ import ray
 
 from pdjax.cli import first_and_last_line
 from pdjax.kv.pages import BlockTables
-from pdjax.scheduler.errors import DeviceError, HostTierLost, InstanceLost
+from pdjax.kv.remote_store import RemotePage
+from pdjax.scheduler.errors import DeviceError, HostTierLost, InstanceLost, RemoteStoreLost
 
 
 def ray_result(ref, name: str):
@@ -34,7 +35,7 @@ def ray_result(ref, name: str):
     raise InstanceLost(f"{name}'s process is gone: {first_and_last_line(str(e))}") from e
   except ray.exceptions.RayTaskError as e:
     if isinstance(e.cause, DeviceError):   # (its kind kept: StepNotRun is planned again)
-      raise type(e.cause)(str(e.cause)) from e
+      raise type(e.cause)(*e.cause.args) from e
     raise
 
 
@@ -72,6 +73,11 @@ class RemotePending:
     except HostTierLost:
       self._instance.lose_host_tier()
       raise
+    except RemoteStoreLost as e:     # (another node's store: its tier, for every instance)
+      for tier in self._instance.tables.remote.peers:
+        if tier.node == e.node and not tier.lost:
+          tier.lose()
+      raise
     self.build_s, self.dispatch_s = out["build_s"], out["dispatch_s"]
     self._instance.counters = {k: out[k] for k in COUNTERS}
     return out["tokens"]
@@ -103,8 +109,10 @@ class RemoteInstance:
     self._epochs = itertools.count(1)
     self._revoked: dict[int, object] = {}   # epoch -> its RemoteTransfer (ray_transfer.py),
                                             # until the pull returns
-    self.store_of = None             # the launcher's node KV store (a callable), for the
-    self.store = None                # host tier: the store once attach_host_tier ran
+    self.node = spec.node            # the run's node its actor is placed on
+    self.store_of = None             # the launcher's node KV stores (a callable: node ->
+    self.store = None                # store), for the host tier: its node's once attached
+    self.seal_key = None             # the run's key when KV leaving a node is sealed
     self._offloads: list[tuple[int, bytes]] = []   # evicted pages to copy out before the
                                                    # actor's pool is written again
     self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
@@ -120,7 +128,7 @@ class RemoteInstance:
   def finish_start(self, refs) -> None:
     info, counters = (ray_result(r, self.name) for r in refs)
     self.address, self.pid, self.platform = info["address"], info["pid"], info["platform"]
-    self.page_bytes = info["page_bytes"]
+    self.page_bytes, self.ray_node_id = info["page_bytes"], info["ray_node_id"]
     self.overlap_by_default = info["overlap_by_default"]
     self.counters = {k: counters[k] for k in COUNTERS}
     self.alive = True
@@ -140,7 +148,7 @@ class RemoteInstance:
     from it by the actor before the step that reads them. handoff: "transfer" only."""
     if handoff != "transfer":
       raise ValueError(f"host tier hand-off {handoff!r} needs cluster.launcher=local")
-    self.store = self.store_of()
+    self.store = self.store_of(self.node)
     tier.on_forget = lambda names: self.store.drop.remote(list(names))
     self.tables.attach_host(tier, self._offload, self.role == "decode")
 
@@ -242,7 +250,14 @@ class RemoteInstance:
     self.flush_offloads()
     if self.tables.pending_loads:
       loads = self.tables.take_loads()
-      offers.update(loads=tuple(loads), store=self.store)
+      local = tuple((p, x) for p, x in loads if not isinstance(x, RemotePage))
+      remote = tuple((p, x.payload, x.node) for p, x in loads if isinstance(x, RemotePage))
+      offers.update(loads=local, store=self.store)
+      if remote:   # (from other nodes' stores: kv.remote_store, sealed under kv.seal_cross_node)
+        offers.update(remote_loads=remote, seal_key=self.seal_key,
+                      stores={n: self.store_of(n) for _, _, n in remote})
+        self.host_stats["remote_load_pages"] = (self.host_stats.get("remote_load_pages", 0)
+                                                + len(remote))
       self.host_stats["load_pages"] += len(loads)
     ref = self.actor.step.remote(seq, kind, seqs, None if prev is None else prev.seq,
                                  self.revoked(), **offers)

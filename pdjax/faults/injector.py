@@ -47,6 +47,15 @@ class FaultInjector:
       self.injected["transfer_delay"] += 1
     return fails, delay
 
+  def tamper_attempt(self, req, attempt: int) -> bool:
+    """Whether this transfer attempt of req, sealed between nodes, has a piece tampered."""
+    if not self.spec.tamper_prob:
+      return False
+    tampered = self._rng(req.id, "tamper", attempt).random() < self.spec.tamper_prob
+    if tampered:
+      self.injected["tamper"] += 1
+    return tampered
+
   def slow_factor(self, instance: str, now: float) -> float:
     factor = 1.0
     for name, k, t in self.spec.slow_instances:

@@ -10,6 +10,8 @@ Python). Everything is off by default.
   cancel_prob         a client aborts the request with this probability, at a stage drawn
                       uniformly from cancel_stages
   cancel_stages       comma list of queued | prefill | transfer_wait | transfer | decode
+  tamper_prob         a sealed KV transfer between nodes (kv.seal_cross_node) has one byte
+                      of a piece flipped in transit with this probability (refused there)
   seed                -1: the run's seed
 """
 
@@ -36,11 +38,12 @@ class FaultSpec:
   cancel_prob: float = 0.0
   cancel_stages: tuple[str, ...] = CANCEL_STAGES
   seed: int = 0
+  tamper_prob: float = 0.0
 
   @property
   def any(self) -> bool:
     return bool(self.transfer_fail_prob or self.transfer_delay or self.slow_instances
-                or self.kills or self.cancel_prob)
+                or self.kills or self.cancel_prob or self.tamper_prob)
 
 
 def _fail(key: str, value, why: str):
@@ -80,7 +83,7 @@ def parse_faults(f, run_seed: int) -> FaultSpec:
   """f: the faults ConfigDict (or a dict); raises FaultSpecError naming the key."""
   get = f.get
   prob = {}
-  for key in ("transfer_fail_prob", "cancel_prob"):
+  for key in ("transfer_fail_prob", "cancel_prob", "tamper_prob"):
     p = get(key, 0.0)
     if not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
       _fail(key, p, "must be a probability in [0, 1]")
@@ -111,7 +114,8 @@ def parse_faults(f, run_seed: int) -> FaultSpec:
                    transfer_delay=parse_delay(get("transfer_delay", "")),
                    slow_instances=tuple(slow), kills=tuple(sorted(kills, key=lambda k: k[1])),
                    restart_s=float(restart), cancel_prob=prob["cancel_prob"],
-                   cancel_stages=stages, seed=run_seed if seed < 0 else int(seed))
+                   cancel_stages=stages, seed=run_seed if seed < 0 else int(seed),
+                   tamper_prob=prob["tamper_prob"])
 
 
 def check_instance_names(spec: FaultSpec, names: list[str]) -> None:

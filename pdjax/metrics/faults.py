@@ -8,7 +8,8 @@ fell_back_requests (requests with any); failed: {reason with numbers as '#': cou
 cancelled and cancelled_by_stage; pages_reclaimed_by_lease, pages_lost_with_instances,
 instances_killed, instances_restarted; and, only when they happen, restarts_failed (a
 restarted instance's new process did not start: it stays dead) and steps_not_run (steps
-dispatched ahead on the tokens of a step that failed at dispatch; their requests re-planned).
+dispatched ahead on the tokens of a step that failed at dispatch; their requests re-planned)
+and transfer_errors ({device error: failed attempts}, e.g. a sealed piece that did not open).
 """
 
 from __future__ import annotations

@@ -105,6 +105,13 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
         opts_by_role=options_lib.tier_options(cfg, opts), remesh_tps=remesh_tps,
         nodes=cfg.cluster.get("nodes", 1))
     serve_kwargs = dict(transfer_fn=ray_cluster.transfer_fn)
+    seal_key = None
+    if cfg.kv.get("seal_cross_node", False):   # (the run's own key: distributed/sealed_kv.py)
+      from pdjax.kv.seal import new_run_key
+      seal_key = new_run_key()
+    ray_cluster.transfer_fn.seal_key = seal_key
+    for inst in instances:
+      inst.seal_key = seal_key
   else:
     from pdjax.engine.cluster import build_instances
     instances = build_instances(tiers, mcfg, host_params, opts,

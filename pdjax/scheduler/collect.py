@@ -12,7 +12,8 @@ A mixin of `Driver`; pure Python."""
 from __future__ import annotations
 
 from pdjax.request import Request, Status
-from pdjax.scheduler.errors import DeviceError, HostTierLost, InstanceLost, StepNotRun
+from pdjax.scheduler.errors import (DeviceError, HostTierLost, InstanceLost, ReloadFailed,
+                                    RemoteStoreLost, StepNotRun)
 from pdjax.scheduler.instance_queue import InstanceQueue
 
 
@@ -36,9 +37,9 @@ class Collect:
       self._release_streams(step.streams, step.pending)
       self._not_run(w, plan)
       return
-    except HostTierLost:        # the node KV store died before the step's reloads: not run
+    except ReloadFailed as e:   # its reloads never arrived (store gone, seal refused): not run
       self._release_streams(step.streams, step.pending)
-      self._recompute_prefills(w, plan)
+      self._recompute_prefills(w, plan, e)
       if w.inflight is not None and w.inflight.ahead:
         self._ahead_of_failed[id(w)] = w.inflight
       return
@@ -111,13 +112,15 @@ class Collect:
     self.fault_counts["steps_not_run"] = self.fault_counts.get("steps_not_run", 0) + 1
     self._touch(w)
 
-  def _recompute_prefills(self, w: InstanceQueue, plan) -> None:
-    """A step not run because the host tier it reloaded from is gone (HostTierLost; the
-    tier is lost for the rest of the run): its prompts start over without it (their pages,
-    some meant to be reloaded, are freed; they wait at the front), its decode rows are
+  def _recompute_prefills(self, w: InstanceQueue, plan, error: ReloadFailed) -> None:
+    """A step not run because its reloads never arrived: the host tier it reloaded from is
+    gone (HostTierLost, RemoteStoreLost: that tier is lost for the rest of the run), or a
+    sealed page from another node did not open. Its prompts start over without them (their
+    pages, some meant to be reloaded, are freed; they wait at the front), its decode rows are
     planned again."""
-    self.fault_counts["host_tier_lost_steps"] = (
-        self.fault_counts.get("host_tier_lost_steps", 0) + 1)
+    key = ("host_tier_lost_steps" if isinstance(error, (HostTierLost, RemoteStoreLost))
+           else "reload_failed_steps")
+    self.fault_counts[key] = self.fault_counts.get(key, 0) + 1
     now = self.clock.now()
     for req in dict.fromkeys(r for r, _, _ in plan.chunks):
       if req.status.terminal:

@@ -344,7 +344,9 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     return RunResult(self.requests, self.transfers, self.clock.now(), self.steps, self.samples,
                      self.role_switches, self.preemptions, self.flushes,
                      {"injected": dict(sorted(self.injector.injected.items())),
-                      **self.fault_counts}, fast_forwarded, self.tally, self.segment_steps,
+                      **self.fault_counts,
+                      **({"transfer_errors": dict(sorted(self.transfer_errors.items()))}
+                         if self.transfer_errors else {})}, fast_forwarded, self.tally, self.segment_steps,
                      self.remesh_events, self.instances_used,
                      self.kv_audit.sink if self.kv_audit is not None else [])
 

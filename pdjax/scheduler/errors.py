@@ -19,10 +19,28 @@ class InstanceLost(DeviceError):
   live instances of its tier or fail with the reason."""
 
 
-class HostTierLost(DeviceError):
+class ReloadFailed(DeviceError):
+  """A step's host-tier reloads did not arrive (their store is gone, or a sealed page from
+  another node did not open): the step did not run, and its prompts start over without them
+  (Collect._recompute_prefills)."""
+
+
+class HostTierLost(ReloadFailed):
   """The node's KV store (the host tier's bytes under the Ray launcher) is gone: a step that
   needed reloads from it did not run. The driver stops using the tier for the rest of the run
   (HostTier.lose) and recovers the step's requests as after any failed step."""
+
+
+class RemoteStoreLost(ReloadFailed):
+  """Another node's KV store, which a step reloaded from (kv.remote_store), is gone: that
+  node's tier is lost for the rest of the run, as for HostTierLost. args: (message, node)."""
+
+  def __init__(self, message: str, node: int = 0):
+    super().__init__(message, node)
+    self.node = node
+
+  def __str__(self) -> str:
+    return self.args[0]
 
 
 class StepNotRun(DeviceError):

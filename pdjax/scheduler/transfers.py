@@ -84,9 +84,11 @@ class Transfers:
     src_pages, dst_pages = src.tables.block_table(r.id), dst.tables.block_table(r.id)
     result = None
     if why is None:
+      tamper = {"tamper": True} if self.injector.tamper_attempt(
+          r, self._attempts.get(id(r), 0)) else {}   # (faults.tamper_prob: sealed transfers)
       try:
         result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
-                                  dst_pages[skip:len(src_pages)])
+                                  dst_pages[skip:len(src_pages)], **tamper)
       except DeviceError as e:
         why = self._device_failure(e)
     if result is not None and hasattr(result, "ready"):

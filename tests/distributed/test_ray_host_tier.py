@@ -78,12 +78,12 @@ def test_a_store_killed_mid_run_loses_the_tier_and_nothing_else(tmp_path, ray_cl
   def take_then_kill_the_store(self, names, salt, now):
     out = take(self, names, salt, now)
     if out:                          # (a lookup that found nothing takes nothing)
-      ray.kill(ray_cluster._store, no_restart=True)
+      ray.kill(ray_cluster._stores[0], no_restart=True)
     return out
 
   monkeypatch.setattr(HostTier, "take", take_then_kill_the_store)
   on, r_on, _ = _serve(_config(tmp_path, 64), ray_cluster)
-  assert ray_cluster._store is None                 # (the next run starts a new store)
+  assert 0 not in ray_cluster._stores               # (the next run starts a new store)
   assert [r.output_ids for r in r_on.requests] == [r.output_ids for r in r_off.requests]
   assert r_on.requests[-1].cached_tokens == 0            # recomputed after the lost reload
   assert on["faults"]["host_tier_lost_steps"] == 1
