@@ -183,6 +183,9 @@ def _check_nodes(cfg) -> None:
     value = kv.get(key, 1.0)
     _require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
              f"kv.{key}", value, "must be a finite number > 0")
+  latency = kv.get("cross_node_latency_s", 0.0)
+  _require(isinstance(latency, (int, float)) and math.isfinite(latency) and latency >= 0,
+           "kv.cross_node_latency_s", latency, "must be a finite number >= 0")
   if nodes > 1:
     _require(not kv.get("stream_layers", 0), "kv.stream_layers", kv.get("stream_layers"),
              "needs cluster.nodes=1 (layer-group streams are not sealed or timed across nodes)")

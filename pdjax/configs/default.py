@@ -82,6 +82,8 @@ def get_config(arg=None):
                                            #   from there when predicted faster than recomputing
   c.kv.cross_node_gbps = 100.0             # the link between nodes (Gbit/s): remote reloads and
                                            #   P -> D between nodes (sim; the engine's prediction)
+  c.kv.cross_node_latency_s = 0.002        # a remote reload's round trip to the other node's
+                                           #   store (Ray actor calls), in the prediction
   c.kv.seal_cross_node = False             # AES-GCM seal KV that leaves a node (remote reloads,
                                            #   P -> D between nodes), through host memory
   c.kv.seal_gbps = 24.0                    # sealing (and opening) rate per process, Gbit/s (the

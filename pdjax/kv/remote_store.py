@@ -6,10 +6,14 @@ Instances fill the nodes in build order (prefill, then decode; or the colocated 
 node holding about as many: one prefill and one decode instance on two nodes are apart, as in
 a P/D deployment with a node per role. Every node has its own host tier (its own store under
 Ray). An instance reads its own node's tier first; what its tier lacks of a prefix may come
-from another node's tier (`RemoteReload`), over the cross-node link (`kv.cross_node_gbps`),
-sealed (`kv.seal_cross_node`: each page's bytes are sealed once and opened once more). It is
-taken only when bytes / link (+ sealing) < the instance's predicted recompute of those
-tokens: a reload is a bet on the link, and a slow link loses it.
+from another node's tier (`RemoteReload`), over the cross-node link (`kv.cross_node_gbps`,
+after a round trip of `kv.cross_node_latency_s`), sealed (`kv.seal_cross_node`: each page's
+bytes are sealed once and opened once more, in host memory). It is taken only when round
+trip + bytes / link (+ sealing) < the prefill time it saves (the instance's cost model): a
+reload is a bet on the link, and a slow link or a cheap prefill loses it. Measured on this
+machine (benchmarks/kv_cross_node.py, BENCHMARKS.md): a 48-token reload between two Ray
+nodes saved 2 ms of TTFT on the tiny model where the calibrated CPU profile predicts 25 ms:
+the prediction is optimistic there.
 
 Pages reloaded from another node are pending loads wrapped in `RemotePage` (the node they
 come from): the simulator times them on the link, the Ray launcher reads them from that node's
@@ -40,22 +44,29 @@ class RemotePage:
 class CrossNodeLink:
   """The link between nodes (kv.cross_node_gbps) and, when KV that leaves a node is sealed
   (kv.seal_cross_node), the sealing rate (kv.seal_gbps; 0: not sealed): each byte is sealed
-  once on its node and opened once on the other."""
+  once on its node and opened once on the other, in host memory, so a sealed transfer also
+  copies its bytes device -> host and host -> device (host_bytes_per_s: the host link)."""
   bytes_per_s: float
   seal_bytes_per_s: float = 0.0
+  latency_s: float = 0.0       # per reload: the round trip to the other node's store
+  host_bytes_per_s: float = float("inf")
 
   @property
   def sealed(self) -> bool:
     return self.seal_bytes_per_s > 0
 
   def seconds(self, nbytes: float) -> float:
-    seal = 2 * nbytes / self.seal_bytes_per_s if self.sealed else 0.0
+    """A transfer's bytes over the link, sealed and opened (and copied through host memory)
+    when sealing is on."""
+    seal = (2 * nbytes / self.seal_bytes_per_s + 2 * nbytes / self.host_bytes_per_s
+            if self.sealed else 0.0)
     return nbytes / self.bytes_per_s + seal
 
   @classmethod
-  def from_config(cls, kv) -> "CrossNodeLink":
+  def from_config(cls, kv, host_bytes_per_s: float = float("inf")) -> "CrossNodeLink":
     return cls(kv.get("cross_node_gbps", 100.0) * 1e9 / 8,
-               kv.get("seal_gbps", 24.0) * 1e9 / 8 if kv.get("seal_cross_node", False) else 0.0)
+               kv.get("seal_gbps", 24.0) * 1e9 / 8 if kv.get("seal_cross_node", False) else 0.0,
+               kv.get("cross_node_latency_s", 0.002), host_bytes_per_s)
 
 
 class RemoteReload:
@@ -72,8 +83,9 @@ class RemoteReload:
     self.page_bytes, self.page_size, self.link = page_bytes, page_size, link
 
   def reload_s(self, pages: int) -> float:
-    """Predicted seconds to bring `pages` over: the link, and sealing plus opening."""
-    return self.link.seconds(pages * self.page_bytes)
+    """Predicted seconds to bring `pages` over: the store's round trip, the link, and
+    sealing plus opening."""
+    return self.link.latency_s + self.link.seconds(pages * self.page_bytes)
 
   def find(self, names: list[bytes], salt: str, now: float):
     """(the peer tier holding the longest landed prefix of names under salt, its length);

@@ -123,9 +123,8 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
     for inst, node in zip(instances, nodes_of(len(instances), cfg.cluster.get("nodes", 1))):
       inst.node = node
   if cfg.cluster.get("nodes", 1) > 1:
-    from pdjax.kv.remote_store import CrossNodeLink
     for inst in instances:   # (KV between two nodes crosses it: sim_transfer, sealing)
-      inst.node_link = CrossNodeLink.from_config(cfg.kv)
+      inst.node_link = _cross_node_link(cfg)
   prepare = _preparer(cfg, mcfg)
   for inst in instances:
     prepare(inst)
@@ -198,14 +197,24 @@ def _preparer(cfg, mcfg):
 def _attach_remote_stores(cfg, instances) -> None:
   """kv.remote_store: each instance may reload what its node's tier lacks from the other
   nodes' tiers when its cost model predicts that beats recomputing (kv/remote_store.py)."""
-  from pdjax.kv.remote_store import CrossNodeLink, RemoteReload
+  from pdjax.kv.remote_store import RemoteReload
   tiers = {inst.tables.host.node: inst.tables.host for inst in instances}
   for inst in instances:
     node = inst.tables.host.node
     inst.tables.remote = RemoteReload(
         [t for n, t in sorted(tiers.items()) if n != node], recompute_s=inst.cost.prefill_s,
         page_bytes=inst.kv_bytes(1), page_size=inst.tables.page_size,
-        link=CrossNodeLink.from_config(cfg.kv))
+        link=_cross_node_link(cfg))
+
+
+def _cross_node_link(cfg):
+  """The link between the run's nodes (kv/remote_store.py), its host copies (a sealed
+  transfer's) over sim.host_link_gbps or the hardware preset's host link."""
+  from pdjax.kv.remote_store import CrossNodeLink
+  from pdjax.sim.hardware import HARDWARE
+  gbps = cfg.sim.get("host_link_gbps", 0.0)
+  return CrossNodeLink.from_config(
+      cfg.kv, gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s)
 
 
 def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress, ray_cluster=None):

@@ -25,9 +25,9 @@ def test_instances_fill_the_nodes_in_even_blocks():
 
 
 def test_a_remote_reload_is_taken_when_the_link_beats_the_prefill_it_saves():
-  link = CrossNodeLink(bytes_per_s=1000.0, seal_bytes_per_s=500.0)
-  assert link.seconds(100) == 0.1 + 0.4            # the link, then sealed once, opened once
-  assert CrossNodeLink(1000.0).seconds(100) == 0.1
+  link = CrossNodeLink(bytes_per_s=1000.0, seal_bytes_per_s=500.0, host_bytes_per_s=2000.0)
+  assert link.seconds(100) == 0.1 + 0.4 + 0.1     # the link; sealed once, opened once; copied
+  assert CrossNodeLink(1000.0).seconds(100) == 0.1   # device -> host, host -> device
   saved = []
 
   def recompute_s(chunks):   # 1 ms per new token
@@ -41,6 +41,9 @@ def test_a_remote_reload_is_taken_when_the_link_beats_the_prefill_it_saves():
   slow = RemoteReload([], recompute_s=recompute_s, page_bytes=10, page_size=16,
                       link=CrossNodeLink(500.0))
   assert slow.reload_s(2) == 0.04 and not slow.worth(2, 16, 80)
+  far = RemoteReload([], recompute_s=recompute_s, page_bytes=10, page_size=16,
+                     link=CrossNodeLink(1000.0, latency_s=0.02))
+  assert far.reload_s(2) == 0.04 and not far.worth(2, 16, 80)   # (its round trip first)
 
 
 def _run(tmp_path, last_tenant="a", **more):
@@ -108,7 +111,8 @@ def _disaggregated(sealed: bool):
                                "kv.prefix_cache": True,
                                "cluster.prefill.instances": 1, "cluster.decode.instances": 1,
                                "kv.seal_cross_node": sealed, "kv.cross_node_gbps": 8.0,
-                               "kv.seal_gbps": 16.0, "workload.num_requests": 6})
+                               "kv.seal_gbps": 16.0, "sim.host_link_gbps": 32.0,
+                               "workload.num_requests": 6})
   summary, result, instances = execute(cfg, config_lib.validate(cfg), "disaggregated", None,
                                        quiet=True)
   assert summary["kv_pages_leaked"] == 0
@@ -121,7 +125,8 @@ def test_prefill_and_decode_on_two_nodes_move_kv_over_their_link_sealed_or_not()
   assert [i.node for i in insts] == [0, 1]
   moved = [r.transfer_bytes for r in r_plain.requests]
   assert [r.transfer_s for r in r_plain.requests] == [b / 1e9 for b in moved]       # 8 Gbit/s
-  assert [r.transfer_s for r in r_sealed.requests] == [b / 1e9 + 2 * b / 2e9 for b in moved]
+  assert [r.transfer_s for r in r_sealed.requests] == pytest.approx(
+      [b / 1e9 + 2 * b / 2e9 + 2 * b / 4e9 for b in moved], rel=1e-12)   # + sealing, host copies
   assert [r.output_ids for r in r_sealed.requests] == [r.output_ids for r in r_plain.requests]
   assert plain["kv_layer"]["cross_node_transfer_bytes"] == sum(moved) > 0
 
