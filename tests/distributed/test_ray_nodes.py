@@ -144,3 +144,34 @@ def test_the_other_nodes_store_killed_mid_reload_loses_that_tier_only(tmp_path, 
   assert on["faults"]["host_tier_lost_steps"] == 1
   assert [i.tables.host.lost for i in insts] == [True, False]
   assert 0 not in two_nodes._stores and 1 in two_nodes._stores
+
+
+@pytest.mark.slow
+def test_a_tenant_flush_empties_both_nodes_stores(tmp_path, two_nodes, monkeypatch):
+  """Tenant a flushed at 3.5 s, when node 0's store holds X's pages and node 1's r1's: both
+  stores are empty right after the run (before they are cleared for the next), the audit has
+  the flush's line for each pool and each node's tier, and r4 (X again, at 4 s, on node 0)
+  finds X on neither node."""
+  import ray
+
+  from pdjax.distributed.launcher import RayCluster
+  held = []
+  clear = RayCluster.clear_store
+  monkeypatch.setattr(RayCluster, "clear_store", lambda self: (held.extend(
+      ray.get([self._stores[n].held.remote() for n in sorted(self._stores)])), clear(self)))
+  rows = remote_rows() + [dict(remote_rows()[3], arrival_s=4.0)]
+  path = tmp_path / "flush.jsonl"
+  write_trace(path, rows)
+  cfg = sim_snapshots._config(remote_overrides(path, **{
+      "backend": "jax", "cluster.launcher": "ray", "cluster.transfer_host": "node",
+      "scheduler.latency_profile": config_lib.DEFAULT_PROFILE, "workload.num_requests": 5,
+      "kv.flush_tenants": "a@3.5"}))
+  on, r_on, insts = _serve(cfg, "colocated", two_nodes)
+  assert [r.cached_tokens for r in r_on.requests] == [0, 0, 0, 48, 0]
+  assert r_on.requests[4].prefill_instance == "colocated-0"
+  assert held == [0, 0]
+  flushes = [(line["tier"], line["instance"]) for line in r_on.kv_audit
+             if line["event"] == "flush"]
+  assert sorted(flushes) == [("device", "colocated-0"), ("device", "colocated-1"),
+                             ("host", ""), ("host", "")]
+  assert all(i.tables.host.stats["flushed"] > 0 for i in insts)
