@@ -8,7 +8,8 @@ virtual CPU devices and from Llama-3-8B simulated on H100s must not look alike.
             {"name": "sim", "cost_model", "hardware"[, "profile"]}  (the simulator)
   model     {"name": preset or checkpoint folder name, "source": preset | checkpoint,
              "params": parameter count, "dtype"}
-  placement {"run", "tiers": [{"role", "instances", "tp"}], "chips", "describe"}
+  placement {"run", "tiers": [{"role", "instances", "tp"}], "chips", "describe"[,
+             "launcher": "ray"][, "nodes", "sealed" (cluster.nodes > 1)]}
   workload  {"kind", "preset" (synthetic) or "path" (trace), "arrival", "rate", "requests"}
   slo       {"ttft_s", "tpot_s", "attainment"}
   seed      the run's seed (workload and sampling)
@@ -51,10 +52,21 @@ def describe_tiers(run: str, tiers) -> str:
                     else f"{n}xTP{tp}" for role, n, tp in tiers)
 
 
-def placement_info(run: str, tiers) -> dict:
+def placement_info(run: str, tiers, *, launcher: str = "local", nodes: int = 1,
+                   sealed: bool = False) -> dict:
+  """launcher, nodes, sealed (cluster.launcher, cluster.nodes, kv.seal_cross_node): recorded
+  and described only when not the one-process, one-node default."""
   tiers = [(str(role), int(n), int(tp)) for role, n, tp in tiers]
+  describe = describe_tiers(run, tiers)
+  extra = {}
+  if launcher != "local":
+    extra["launcher"] = launcher
+    describe += ", one Ray actor per instance"
+  if nodes > 1:
+    extra.update(nodes=int(nodes), sealed=bool(sealed))
+    describe += f", on {nodes} nodes" + (" (KV leaving a node sealed)" if sealed else "")
   return {"run": run, "tiers": [{"role": r, "instances": n, "tp": tp} for r, n, tp in tiers],
-          "chips": sum(n * tp for _, n, tp in tiers), "describe": describe_tiers(run, tiers)}
+          "chips": sum(n * tp for _, n, tp in tiers), "describe": describe, **extra}
 
 
 def backend_info(cfg, devices: dict | None = None) -> dict:
@@ -92,7 +104,9 @@ def run_info(cfg, mcfg, run: str, tiers, *, devices: dict | None = None,
   its (role, instances, tp) list; requests: how many the workload loaded; workload: instead
   of the config's, e.g. {"kind": "http", "requests": n} for what a server was sent)."""
   return {"backend": backend_info(cfg, devices), "model": model_info(cfg, mcfg),
-          "placement": placement_info(run, tiers),
+          "placement": placement_info(run, tiers, launcher=cfg.cluster.get("launcher", "local"),
+                                      nodes=cfg.cluster.get("nodes", 1),
+                                      sealed=cfg.kv.get("seal_cross_node", False)),
           "workload": workload or workload_info(cfg, requests),
           "slo": {"ttft_s": float(cfg.slo.ttft_s), "tpot_s": float(cfg.slo.tpot_s),
                   "attainment": float(cfg.slo.attainment)},

@@ -160,3 +160,15 @@ def test_the_engine_needs_a_latency_profile_to_predict_the_recompute():
     config_lib.validate(cfg)
   assert str(e.value) == ("kv.remote_store=True needs scheduler.latency_profile on the jax "
                           "backend (the recompute a remote reload must beat is predicted from it)")
+
+
+def test_what_ran_names_the_nodes_and_the_sealing():
+  from pdjax.runner.execute import run_info_of
+  cfg = sim_snapshots._config({"mode": "disaggregated", "cluster.nodes": 2,
+                               "cluster.prefill.instances": 1, "cluster.decode.instances": 1,
+                               "kv.seal_cross_node": True})
+  placement = run_info_of(cfg, config_lib.validate(cfg), "disaggregated")["placement"]
+  assert placement["describe"] == "1xP(tp2) + 1xD(tp2), on 2 nodes (KV leaving a node sealed)"
+  assert (placement["nodes"], placement["sealed"]) == (2, True)
+  one = sim_snapshots._config({"mode": "disaggregated"})
+  assert "nodes" not in run_info_of(one, config_lib.validate(one), "disaggregated")["placement"]
