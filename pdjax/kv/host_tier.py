@@ -25,6 +25,7 @@ import collections
 import dataclasses
 
 from pdjax.kv.offload_admission import AllPages
+from pdjax.kv.prefix_cache import under_salt
 
 HOST_TIER_POLICIES = ("lru", "lfu")
 
@@ -135,8 +136,9 @@ class HostTier:
       self.on_forget(names)
 
   def flush(self, salt: str) -> int:
-    """Forgets every page written under salt (landed or not). Returns how many."""
-    gone = [n for n, p in self._pages.items() if p.salt == salt]
+    """Forgets every page written under salt or its cache_salt narrowings (landed or not).
+    Returns how many."""
+    gone = [n for n, p in self._pages.items() if under_salt(p.salt, salt)]
     for n in gone:
       del self._pages[n]
     self.stats["flushed"] += len(gone)

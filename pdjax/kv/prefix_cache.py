@@ -37,6 +37,12 @@ def salt_for(tenant: str, shared_salt: str = "", cache_salt: str = "") -> str:
   return f"{base}/salt:{cache_salt}" if cache_salt else base
 
 
+def under_salt(page_salt: str, salt: str) -> bool:
+  """Whether a page named under page_salt belongs to salt: the same, or salt narrowed by a
+  request's cache_salt (salt_for's "/salt:" suffix)."""
+  return page_salt == salt or page_salt.startswith(salt + "/salt:")
+
+
 def flush_tenant(tables, tenant: str, shared_salt: str = "") -> int:
   """Forgets every cached page of `tenant` in each of these BlockTables and in the host tier
   they share, if any (its data can no longer be hit, so no later request can reuse or time
@@ -201,9 +207,10 @@ class PrefixCache:
     return len(old)
 
   def flush(self, salt: str) -> int:
-    """Forgets every page named under `salt`: nothing of it can be hit again. Pages still used
-    by live sequences stay theirs; the rest return to the free list. Returns pages forgotten."""
-    pages = [p for p, (_, s) in self._entry.items() if s == salt]
+    """Forgets every page named under `salt` (and its cache_salt narrowings: under_salt):
+    nothing of it can be hit again. Pages still used by live sequences stay theirs; the rest
+    return to the free list. Returns pages forgotten."""
+    pages = [p for p, (_, s) in self._entry.items() if under_salt(s, salt)]
     for p in pages:
       self._drop(p)
     if self.on_event is not None:   # (pages 0 too: the audit shows the flush reached here)

@@ -160,3 +160,22 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 PrefixCacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
                                                 deadline=None)
 test_prefix_cache_state_machine = PrefixCacheMachine.TestCase
+
+
+def test_a_tenant_flush_reaches_its_cache_salts_and_no_other_tenant():
+  """vLLM's cache_salt narrows a tenant's salt (salt_for: "tenant:a/salt:x"): pages under it
+  are the tenant's too, and its flush forgets them; tenant "ab" is not tenant "a"."""
+  from pdjax.kv.host_tier import HostTier
+  from pdjax.kv.prefix_cache import flush_tenant, salt_for
+  t = _tables()
+  tier = HostTier(8)
+  t.attach_host(tier, lambda page, name, salt: None)
+  salts = [salt_for("a"), salt_for("a", cache_salt="x"), salt_for("ab")]
+  assert salts == ["tenant:a", "tenant:a/salt:x", "tenant:ab"]
+  for i, salt in enumerate(salts):
+    t.allocate_prefix(f"s{i}", [i * 100 + j for j in range(17)], 17, salt)
+    t.cache_computed(f"s{i}", 17)
+    t.free(f"s{i}")
+    tier.offer(bytes([i]), salt, salt, None, writer="w", ready_s=0.0, now=0.0)
+  assert flush_tenant([t], "a") == 4                 # 2 cached pages + 2 host pages
+  assert t.cache.num_cached == 1 and len(tier) == 1 and bytes([2]) in tier
