@@ -366,12 +366,14 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
         except Exception as e:  # pylint: disable=broad-except  (the caller re-raises it)
           future.set_exception(e)
 
-  def _flush_tenant(self, tenant: str) -> None:
-    """A scheduled tenant flush: nothing of the tenant's can be hit after."""
+  def flush_tenant(self, tenant: str) -> int:
+    """A tenant flush (kv.flush_tenants, or a server's POST /v1/kv/flush): nothing of the
+    tenant's can be hit after, on any instance or node. Returns the pages forgotten."""
     pages = flush_tenant([w.tables for w in self.workers], tenant, self.opts.shared_salt)
     self.flushes.append({"t_s": self.clock.now(), "tenant": tenant, "pages": pages})
     for w in self.workers:
       self._touch(w)   # freed pages may let a waiting request in
+    return pages
 
   def _wait_any(self, inflight: list[InstanceQueue],
                 wake: float | None = None) -> list[InstanceQueue]:

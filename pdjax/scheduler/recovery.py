@@ -75,7 +75,7 @@ class Recovery:
       if only is not None and kind not in only:
         continue
       if kind == "flush":
-        self._flush_tenant(payload)
+        self.flush_tenant(payload)
       elif kind == "kill":
         self._kill(self._by_name[payload])
       elif kind == "restart":

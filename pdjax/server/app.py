@@ -140,6 +140,32 @@ def make_app(engine: DriverBridge, *, model_name: str, max_model_len: int, vocab
                                headers={"Cache-Control": "no-cache"})
     return await _whole(engine, http, g, rid, req, first, queue, model_name)
 
+  @app.post("/v1/kv/flush")
+  async def kv_flush(http: HttpRequest):
+    """Deletes a tenant's KV: its pages (and its cache_salts') in every device cache and every
+    node's host tier, audited in kv_audit.jsonl; nothing of it can be reused after. With
+    server.api_keys the key names the tenant (a body "tenant" must be the same); without,
+    the body's "tenant" ("" by default: requests without a key). Answers {"tenant", "pages"}."""
+    try:
+      own = protocol.tenant_of(http.headers.get("authorization"), api_keys) if api_keys else None
+      raw = await read_body(http, max_body_bytes)
+      try:
+        body = json.loads(raw) if raw.strip() else {}
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise protocol.ApiError(400, f"the request body is not valid JSON: {e}") from None
+      asked = body.get("tenant") if isinstance(body, dict) else None
+      if asked is not None and not isinstance(asked, str):
+        raise protocol.ApiError(400, f"tenant must be a string, got {asked!r}", "tenant")
+      if own is not None and asked not in (None, own):
+        raise protocol.ApiError(403, "an API key may flush only its own tenant's KV", "tenant")
+      tenant = own if own is not None else (asked or "")
+      if engine.error is not None or not engine.alive:
+        raise protocol.ApiError(503, "the engine is not running")
+      pages = await asyncio.wrap_future(engine.inbox.call(lambda d: d.flush_tenant(tenant)))
+    except protocol.ApiError as e:
+      return error(e)
+    return {"object": "kv.flush", "tenant": tenant, "pages": pages}
+
   @app.post("/v1/completions")
   async def completions(http: HttpRequest):
     return await generate(http, chat=False)

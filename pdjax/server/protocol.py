@@ -35,7 +35,8 @@ class ApiError(Exception):
     self.status, self.message, self.param = status, message, param
 
   def body(self) -> dict:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            404: "not_found_error",
             405: "invalid_request_error", 413: "invalid_request_error",
             429: "rate_limit_error", 503: "service_unavailable"}.get(self.status, "server_error")
     return {"error": {"message": self.message, "type": kind, "param": self.param,

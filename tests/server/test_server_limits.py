@@ -195,6 +195,25 @@ def test_tenants_and_cache_salts_never_share_prefix_hits(keyed):
   assert [by_id[i].cached_tokens for i in order] == [0, 8, 0, 0, 8]
 
 
+def test_a_key_flushes_its_own_tenants_kv_and_no_one_elses(keyed):
+  """POST /v1/kv/flush with team-a's key forgets team-a's pages, its cache_salt's too (3 full
+  pages each: the 12 prompt tokens, named once computed), and not team-b's; asking for another
+  tenant is refused."""
+  engine, client = keyed
+  key_a = {"Authorization": "Bearer key-a"}
+  first = [_ask(client, "key-a"), _ask(client, "key-a", cache_salt="s1"), _ask(client, "key-b")]
+  r = client.post("/v1/kv/flush", headers=key_a, json={"tenant": "team-b"})
+  assert _error(r) == (403, {"message": "an API key may flush only its own tenant's KV",
+                             "type": "permission_error", "param": "tenant", "code": 403})
+  r = client.post("/v1/kv/flush", headers=key_a)
+  assert r.status_code == 200 and r.json() == {"object": "kv.flush", "tenant": "team-a",
+                                               "pages": 6}
+  after = [_ask(client, "key-a"), _ask(client, "key-a", cache_salt="s1"), _ask(client, "key-b")]
+  by_id = {r.id: r for r in engine.ended_requests()}
+  assert [by_id[i].cached_tokens for i in first + after] == [0, 0, 0, 0, 0, 8]
+  assert _error(client.post("/v1/kv/flush", json={}))[0] == 401
+
+
 def test_a_stop_string_counts_as_stop_in_metrics():
   from pdjax.server.prometheus import ServerMetrics
   metrics = ServerMetrics(model_name=MODEL)
