@@ -200,6 +200,7 @@ class InstanceActor(SealedActorMixin):
     pages the step reads, fetched from the node's KV store and written into the pool first;
     remote_loads [(page, name, node)]: those from other nodes' stores (`_reload`)."""
     self._revoked.update(revoked)   # before any await: no late pull lands after this step
+    reload_s = 0.0                  # fetching and writing `loads` (host_stats load_s)
     await self._in_order(seq)
     try:
       prev = None
@@ -219,7 +220,9 @@ class InstanceActor(SealedActorMixin):
         launch = lambda seqs, prev: self.inst.prefill(seqs, prev, streams=streams)  # noqa: E731
       try:
         if loads or remote_loads:
+          t0 = time.perf_counter()
           await self._reload(list(loads), store, list(remote_loads), stores, seal_key)
+          reload_s = time.perf_counter() - t0
         pending = launch(seqs, prev)
       except DeviceError:
         self._last = (seq, None)   # a step dispatched ahead on its tokens is not run either
@@ -229,7 +232,7 @@ class InstanceActor(SealedActorMixin):
       await self._advance()
     tokens = await asyncio.get_running_loop().run_in_executor(None, pending.result)
     return {"tokens": tokens, "build_s": pending.build_s, "dispatch_s": pending.dispatch_s,
-            **self._counters()}
+            "reload_s": reload_s, **self._counters()}
 
   # ---- KV transfer -------------------------------------------------------------------------
 

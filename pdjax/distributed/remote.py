@@ -79,6 +79,7 @@ class RemotePending:
           tier.lose()
       raise
     self.build_s, self.dispatch_s = out["build_s"], out["dispatch_s"]
+    self._instance.host_stats["load_s"] += out["reload_s"]
     self._instance.counters = {k: out[k] for k in COUNTERS}
     return out["tokens"]
 

@@ -52,6 +52,7 @@ def test_actors_reload_through_the_node_store_as_one_process_does(tmp_path, ray_
       host_local["hit_pages"], host_local["hit_lookups"])
   assert host["offloaded_pages"] == host_local["offloaded_pages"]
   assert host["loaded_bytes"] == 4 * insts[0].page_bytes
+  assert 0 < host["load_s_total"] < 5.0              # (the actor's fetch and scatter, timed)
   import ray
   assert ray.get(ray_cluster.node_store().held.remote()) == 0      # (cleared after the run)
 
