@@ -1,8 +1,10 @@
 """How a node's KV store should hold pages under the Ray launcher (issue 32): in Ray's object
 store (plasma shared memory: the writer returns the pages from an actor call, one object each,
 owned by the driver that made the call, as `ray.put(_owner=...)` was removed in Ray 2.56; the
-reader `ray.get`s them) or inside a store actor (pages sent to it and fetched from it by actor
-calls). Two actors stand for an offloading and a reloading instance on one node.
+reader `ray.get`s them), inside a store actor (pages sent to it and fetched from it by actor
+calls), or in a store actor that puts each page into the object store itself and hands out
+the refs (the reader then fetches objects the store owns). Two actors stand for an offloading
+and a reloading instance on one node.
 
   python benchmarks/kv_store_ray.py [--page-kib=2048] [--pages=64] [--reps=5]
 
@@ -47,6 +49,23 @@ def main() -> None:
       return True
 
   @ray.remote
+  class RefStore:
+    """A store actor that puts each page into the object store itself (it owns them) and
+    hands out the refs: readers then fetch the objects as the object-store way does."""
+    def __init__(self):
+      self.refs = {}
+
+    def put(self, items):
+      self.refs.update({n: ray.put(a) for n, a in items.items()})
+      return len(items)
+
+    def get(self, names):
+      return [self.refs[n] for n in names]
+
+    def ping(self):
+      return True
+
+  @ray.remote
   class Instance:
     def __init__(self, page_bytes, pages):
       rng = np.random.default_rng(0)
@@ -64,13 +83,17 @@ def main() -> None:
     def get_actor(self, store, names):
       return sum(int(x.nbytes) for x in ray.get(store.get.remote(names)))
 
+    def get_refs(self, store, names):
+      return sum(int(x.nbytes) for x in ray.get(ray.get(store.get.remote(names))))
+
   page_bytes = a.page_kib * 1024
-  store = Store.remote()
+  store, ref_store = Store.remote(), RefStore.remote()
   writer, reader = Instance.remote(page_bytes, a.pages), Instance.remote(page_bytes, a.pages)
-  ray.get([store.ping.remote(), writer.get_objects.remote([]), reader.get_objects.remote([])])
+  ray.get([store.ping.remote(), ref_store.ping.remote(), writer.get_objects.remote([]),
+           reader.get_objects.remote([])])
   total = page_bytes * a.pages
   results = {}
-  for way in ("object store", "store actor"):
+  for way in ("object store", "store actor", "store actor, its objects"):
     w, r = [], []
     for _ in range(a.reps):
       t = time.perf_counter()
@@ -79,11 +102,13 @@ def main() -> None:
         refs = refs if isinstance(refs, list) else [refs]
         ray.wait(refs, num_returns=len(refs), fetch_local=False)
       else:
-        ray.get(writer.put_actor.remote(store))
+        ray.get(writer.put_actor.remote(store if way == "store actor" else ref_store))
       w.append(time.perf_counter() - t)
       t = time.perf_counter()
+      names = list(range(a.pages))
       got = ray.get(reader.get_objects.remote(refs) if way == "object store"
-                    else reader.get_actor.remote(store, list(range(a.pages))))
+                    else reader.get_actor.remote(store, names) if way == "store actor"
+                    else reader.get_refs.remote(ref_store, names))
       r.append(time.perf_counter() - t)
       assert got == total
     results[way] = (statistics.median(w), statistics.median(r))
@@ -91,7 +116,7 @@ def main() -> None:
         f"node, {a.pages} pages of {a.page_kib} KiB ({total / 2**20:.0f} MiB), median of "
         f"{a.reps}")
   for way, (w, r) in results.items():
-    print(f"  {way:12s}  write {1e3 * w:8.2f} ms ({total / w / 1e9:5.2f} GB/s)   read "
+    print(f"  {way:24s}  write {1e3 * w:8.2f} ms ({total / w / 1e9:5.2f} GB/s)   read "
           f"{1e3 * r:8.2f} ms ({total / r / 1e9:5.2f} GB/s)")
   ray.shutdown()
 

@@ -46,6 +46,7 @@ from pdjax.engine import transfer
 from pdjax.engine.cluster import enable_compile_cache, host_params
 from pdjax.engine.instance import Instance
 from pdjax.engine.options import EngineOptions
+from pdjax.distributed.node_store import fetch_pages
 from pdjax.distributed.sealed_kv import SealedActorMixin, open_pages
 from pdjax.engine.runtime import device_errors
 from pdjax.models.llama_config import LlamaConfig
@@ -150,7 +151,7 @@ class InstanceActor(SealedActorMixin):
     arrays = self._host_copies().gather_to_host(pages)
     try:
       return await store.put.remote(dict(zip(names, arrays)))
-    except ray.exceptions.RayActorError as e:
+    except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
       raise HostTierLost(f"the node KV store is gone: {type(e).__name__}") from None
 
   async def _reload(self, loads: list, store, remote_loads: list = (), stores=None,
@@ -162,8 +163,8 @@ class InstanceActor(SealedActorMixin):
     pages, arrays = [], []
     if loads:
       try:
-        arrays += await store.get.remote([name for _, name in loads])
-      except ray.exceptions.RayActorError as e:
+        arrays += await fetch_pages(await store.get.remote([name for _, name in loads]))
+      except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
         raise HostTierLost(f"the node KV store is gone: {type(e).__name__}") from None
       pages += [page for page, _ in loads]
     for node in sorted({n for _, _, n in remote_loads}):
@@ -171,11 +172,11 @@ class InstanceActor(SealedActorMixin):
       names = [name for _, name in these]
       try:
         if seal_key is None:
-          got = await stores[node].get.remote(names)
+          got = await fetch_pages(await stores[node].get.remote(names))
         else:
           got = open_pages(seal_key, names, await stores[node].get_sealed.remote(names,
                                                                                  seal_key))
-      except ray.exceptions.RayActorError as e:
+      except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
         raise RemoteStoreLost(f"the KV store of node {node} is gone: {type(e).__name__}",
                               node) from None
       except DeviceError as e:   # (a sealed page that did not open: SealError)

@@ -11,28 +11,49 @@ let the store own objects put by an instance, was removed in Ray 2.56), reads 0.
 0.06 s; and objects returned by an instance's call belong to the caller, so a dead store could
 not be told from a dead driver. A killed store actor is a lost tier (HostTier.lose): the calls
 that reach it fail and the driver stops offering and reading.
+
+Large pages (>= LARGE_PAGE_BYTES) are kept as objects the store itself `ray.put`s (it owns
+them: they die with it) and handed out as refs, which the reader fetches from the object
+store: measured idle, 64 pages of 2 MiB read in 8.7 ms that way against 71 ms returned by the
+actor, written in 129 against 71 ms; 256 pages of 16 KiB would write 20x slower as objects,
+so small pages stay in the actor. `get` returns arrays and refs mixed (`fetch_pages`).
 """
 
 from __future__ import annotations
 
+import asyncio
+
+LARGE_PAGE_BYTES = 1 << 20
+
 
 class NodeStore:
 
-  def __init__(self):
-    self.pages: dict[bytes, object] = {}
+  def __init__(self, large_page_bytes: int = LARGE_PAGE_BYTES):
+    self.pages: dict[bytes, object] = {}   # name -> array, or the ref of its object
+    self.large_page_bytes = large_page_bytes
 
   def put(self, items: dict) -> int:
     """Stores pages by name; returns their bytes."""
-    self.pages.update(items)
+    import ray
+    self.pages.update({n: ray.put(a) if a.nbytes >= self.large_page_bytes else a
+                       for n, a in items.items()})
     return sum(int(a.nbytes) for a in items.values())
 
   def get(self, names: list[bytes]) -> list:
+    """The pages: arrays, or refs of large pages' objects (`fetch_pages` resolves both)."""
     return [self.pages[n] for n in names]
+
+  def _arrays(self, names: list[bytes]) -> list:
+    import ray
+    pages = [self.pages[n] for n in names]
+    refs = [p for p in pages if isinstance(p, ray.ObjectRef)]
+    got = dict(zip(map(id, refs), ray.get(refs))) if refs else {}
+    return [got.get(id(p), p) for p in pages]
 
   def get_sealed(self, names: list[bytes], key: bytes) -> list:
     """The pages sealed under their names (kv.seal_cross_node: a read from another node)."""
     from pdjax.distributed.sealed_kv import seal_pages
-    return seal_pages(key, names, [self.pages[n] for n in names])
+    return seal_pages(key, names, self._arrays(names))
 
   def drop(self, names: list[bytes]) -> int:
     return sum(self.pages.pop(n, None) is not None for n in names)
@@ -44,3 +65,13 @@ class NodeStore:
 
   def held(self) -> int:
     return len(self.pages)
+
+
+async def fetch_pages(got: list) -> list:
+  """A store's `get` result as arrays: large pages' objects fetched from the object store."""
+  import ray
+  refs = [g for g in got if isinstance(g, ray.ObjectRef)]
+  if not refs:
+    return got
+  arrays = iter(await asyncio.gather(*refs))
+  return [next(arrays) if isinstance(g, ray.ObjectRef) else g for g in got]

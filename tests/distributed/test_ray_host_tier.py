@@ -112,3 +112,31 @@ def test_a_flush_reaches_the_pool_and_the_store(tmp_path, ray_cluster, monkeypat
   host = on["kv_cache"]["host_tier"]
   assert host["flushed_pages"] > 0 and host["hit_pages"] == 0
   assert len(forgotten) == host["flushed_pages"] + host["evicted_pages"]
+
+
+@pytest.mark.slow
+def test_the_store_keeps_large_pages_as_its_own_objects(ray_cluster):
+  """Pages of at least large_page_bytes are put into Ray's object store by the store (refs
+  handed out, fetched by the reader: fetch_pages); smaller ones stay in the actor; both come
+  back equal, sealed or not, and a dropped page's object is let go."""
+  import asyncio
+
+  import numpy as np
+  import ray
+
+  from pdjax.distributed.node_store import NodeStore, fetch_pages
+  from pdjax.distributed.sealed_kv import open_pages
+  from pdjax.kv.seal import new_run_key
+  store = ray.remote(NodeStore).remote(large_page_bytes=1024)
+  big, small = np.arange(512, dtype=np.float32), np.arange(16, dtype=np.float32)
+  assert ray.get(store.put.remote({b"big": big, b"small": small})) == 2048 + 64
+  got = ray.get(store.get.remote([b"big", b"small"]))
+  assert [type(g).__name__ for g in got] == ["ObjectRef", "ndarray"]
+  arrays = asyncio.run(fetch_pages(got))
+  assert np.array_equal(arrays[0], big) and np.array_equal(arrays[1], small)
+  key = new_run_key()
+  opened = open_pages(key, [b"big", b"small"],
+                      ray.get(store.get_sealed.remote([b"big", b"small"], key)))
+  assert np.array_equal(opened[0], big) and np.array_equal(opened[1], small)
+  assert ray.get(store.drop.remote([b"big"])) == 1 and ray.get(store.held.remote()) == 1
+  ray.kill(store)
