@@ -6,10 +6,9 @@ pages; three fillers evict them; r4 asks for X + 16 tokens at 4 s."""
 import pytest
 
 from helpers import sim_snapshots
+from helpers.checked_run import checked_run
 from helpers.host_tier_trace import trace_rows, write_trace
 from helpers.ray_fixtures import ray_cluster  # noqa: F401  (fixture)
-from pdjax import config as config_lib
-from pdjax.runner.execute import execute
 
 
 def _config(tmp_path, host_pages, last_tenant="a", launcher="ray"):
@@ -24,16 +23,7 @@ def _config(tmp_path, host_pages, last_tenant="a", launcher="ray"):
 
 
 def _serve(cfg, ray_cluster=None):
-  params = None
-  if ray_cluster is None:
-    from pdjax.engine.cluster import host_params
-    params = host_params(config_lib.validate(cfg), checkpoint="", seed=cfg.seed,
-                         dtype=cfg.model.dtype)
-  summary, result, instances = execute(cfg, config_lib.validate(cfg), "colocated", params,
-                                       quiet=True, ray_cluster=ray_cluster)
-  assert summary["kv_pages_leaked"] == 0
-  assert [r.status.value for r in result.requests] == ["finished"] * 5
-  return summary, result, instances
+  return checked_run(cfg, ray_cluster=ray_cluster)
 
 
 @pytest.mark.slow

@@ -7,10 +7,10 @@ a tampered piece refused and recovered; and a prefix reloaded from the other nod
 import pytest
 
 from helpers import sim_snapshots
+from helpers.checked_run import checked_run
 from helpers.host_tier_trace import write_trace
 from helpers.remote_store_trace import remote_overrides, remote_rows
 from pdjax import config as config_lib
-from pdjax.runner.execute import execute
 
 PULL_TIMEOUT_S = 10.0
 
@@ -35,16 +35,7 @@ def two_nodes(compile_cache):
 
 
 def _serve(cfg, run, cluster=None):
-  params = None
-  if cluster is None:
-    from pdjax.engine.cluster import host_params
-    params = host_params(config_lib.validate(cfg), checkpoint="", seed=cfg.seed,
-                         dtype=cfg.model.dtype)
-  summary, result, instances = execute(cfg, config_lib.validate(cfg), run, params, quiet=True,
-                                       ray_cluster=cluster)
-  assert summary["kv_pages_leaked"] == 0
-  assert {r.status.value for r in result.requests} == {"finished"}
-  return summary, result, instances
+  return checked_run(cfg, run, cluster)
 
 
 def _pd(**more):

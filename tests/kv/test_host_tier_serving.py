@@ -12,6 +12,7 @@ recomputed."""
 import pytest
 
 from helpers import sim_snapshots
+from helpers.checked_run import checked_run
 from helpers.host_tier_trace import X, trace_rows, write_trace
 from pdjax import config as config_lib
 from pdjax.runner.execute import execute
@@ -29,16 +30,7 @@ def _run(tmp_path, host_pages, last_tenant="a", backend="sim", **more):
       "workload.num_requests": 5, "cluster.colocated.instances": 1, "kv.page_size": 16,
       "kv.max_model_len": 128, "kv.pages_per_instance": 16, "kv.prefix_cache": True,
       "kv.host_tier_pages": host_pages, **more})
-  params = None
-  if backend == "jax":
-    from pdjax.engine.cluster import host_params
-    params = host_params(config_lib.validate(cfg), checkpoint="", seed=cfg.seed,
-                         dtype=cfg.model.dtype)
-  summary, result, instances = execute(cfg, config_lib.validate(cfg), "colocated", params,
-                                       quiet=True)
-  assert summary["kv_pages_leaked"] == 0
-  assert [r.status.value for r in result.requests] == ["finished"] * 5
-  return summary, result, instances
+  return checked_run(cfg)
 
 
 def test_a_prefix_evicted_to_the_host_is_reloaded_with_the_same_tokens(tmp_path):

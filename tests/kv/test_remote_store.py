@@ -7,6 +7,7 @@ weight-bound, so no reload ever beats it); the Ray launcher's are tests/distribu
 import pytest
 
 from helpers import sim_snapshots
+from helpers.checked_run import checked_run
 from helpers.host_tier_trace import write_trace
 from helpers.remote_store_trace import remote_overrides, remote_rows
 from pdjax import config as config_lib
@@ -51,11 +52,7 @@ def _run(tmp_path, last_tenant="a", **more):
   write_trace(path, remote_rows(last_tenant))
   cfg = sim_snapshots._config(remote_overrides(path, **{"sim.cost_model": "calibrated",
                                                         **more}))
-  summary, result, instances = execute(cfg, config_lib.validate(cfg), "colocated", None,
-                                       quiet=True)
-  assert summary["kv_pages_leaked"] == 0
-  assert [r.status.value for r in result.requests] == ["finished"] * 4
-  return summary, result, instances
+  return checked_run(cfg)
 
 
 def test_the_other_nodes_store_serves_a_prefix_when_predicted_faster(tmp_path):
