@@ -4,6 +4,8 @@ KV between them sealed or not (kv.seal_cross_node) with the same greedy tokens a
 a tampered piece refused and recovered; and a prefix reloaded from the other node's store
 (kv.remote_store) only when predicted faster, its bytes counted as cross-node."""
 
+import warnings
+
 import pytest
 
 from helpers import sim_snapshots
@@ -23,8 +25,11 @@ def two_nodes(compile_cache):
   from pdjax.distributed.launcher import RayCluster
   if ray.is_initialized():
     ray.shutdown()
-  nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-  nodes.add_node(num_cpus=1)
+  with warnings.catch_warnings():   # (Ray's daemons: fork + exec, as in RayCluster.start)
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                            category=RuntimeWarning)
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes.add_node(num_cpus=1)
   nodes.wait_for_nodes()
   try:
     with RayCluster(address=nodes.address, accelerator="cpu", transfer_host="node",
