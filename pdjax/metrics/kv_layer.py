@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
+
 from pdjax.metrics import columns
 from pdjax.metrics.kv_cache import prefix_hits
 
@@ -60,12 +62,21 @@ def hot_prefixes_by_tenant(caches, top: int = TOP_PER_TENANT) -> dict[str, list[
   return out
 
 
-def host_tier_pages(samples):
-  """(t, pages held) of the samples that carry the node's host tier's page count (with
-  kv.host_tier_pages on); two empty arrays otherwise."""
+def host_tier_pages(samples, node_of: dict | None = None) -> dict:
+  """{node: (t, pages held)} of the samples that carry their node's host tier's page count
+  (with kv.host_tier_pages on): every instance of a node samples the same tier. node_of:
+  {instance: node} (cluster.nodes > 1: runner/outputs.py's `node_of_instances`); None: one node, 0. Empty when no
+  sample carries it."""
   has = columns.present(samples, "host_tier_pages")
+  if not has.any():
+    return {}
   t, pages = columns.numbers(samples, ("t", "host_tier_pages"), {"host_tier_pages": -1.0})
-  return t[has], pages[has]
+  if not node_of:
+    return {0: (t[has], pages[has])}
+  code, names = columns.codes(samples, "instance")
+  node = np.array([node_of.get(n, -1) for n in names], np.int64)[code]
+  return {k: (t[has & (node == k)], pages[has & (node == k)])
+          for k in sorted(set(node_of.values())) if (has & (node == k)).any()}
 
 
 def cross_node_transfer_bytes(requests, instances) -> int:

@@ -293,15 +293,19 @@ def plot_plan(rows: Sequence[tuple[str, str, float]], path: str, top: int = 25) 
   return _save(fig, path)
 
 
-def plot_kv_store(samples: Sequence[dict], capacity_pages: int, path: str) -> str:
-  """The node's host KV store (kv.host_tier_pages) over the run: pages held, against its
-  capacity (the samples' host_tier_pages)."""
+def plot_kv_store(samples: Sequence[dict], capacity_pages: int, path: str,
+                  node_of: dict | None = None) -> str:
+  """The nodes' host KV stores (kv.host_tier_pages) over the run: pages held, one line per
+  node (node_of: {instance: node}, cluster.nodes > 1), against a node's capacity (the
+  samples' host_tier_pages)."""
   from pdjax.metrics.kv_layer import host_tier_pages
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(8, 3))
-  t, pages = host_tier_pages(samples)
-  if len(t):
-    ax.step(t, pages, where="post", label="pages held")
+  tracks = host_tier_pages(samples, node_of)
+  if tracks:
+    for node, (t, pages) in tracks.items():
+      ax.step(t, pages, where="post",
+              label="pages held" if node_of is None else f"node {node}: pages held")
     ax.axhline(capacity_pages, color="gray", linestyle="--", label=f"capacity {capacity_pages}")
     ax.legend(loc="lower right")
   else:

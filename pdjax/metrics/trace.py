@@ -188,19 +188,20 @@ def remesh_events(events: Sequence[dict]) -> Iterator[dict]:
 def trace_events(*, requests: Sequence[Request], steps: Sequence[dict],
                  role_switches: Sequence[dict], samples: Sequence[dict] = (),
                  max_step_events: int | None = MAX_STEP_EVENTS,
-                 remeshes: Sequence[dict] = ()) -> Iterator[dict]:
+                 remeshes: Sequence[dict] = (),
+                 node_of: dict | None = None) -> Iterator[dict]:
   """The events of write_chrome_trace, in file order: process 1 (instances), process 2
   (requests), then the KV counters. Steps are binned when there are more than max_step_events
   (None: never), the counters when there are more samples than that."""
   if max_step_events is not None and max_step_events < 1:
     raise ValueError(f"max_step_events must be >= 1 or None, got {max_step_events}")
   return itertools.chain(_trace_events(requests, steps, role_switches, samples,
-                                       max_step_events), remesh_events(remeshes))
+                                       max_step_events, node_of), remesh_events(remeshes))
 
 
 def _trace_events(requests: Sequence[Request], steps: Sequence[dict],
                   role_switches: Sequence[dict], samples: Sequence[dict],
-                  max_step_events: int | None) -> Iterator[dict]:
+                  max_step_events: int | None, node_of: dict | None = None) -> Iterator[dict]:
   bin_steps = max_step_events is not None and len(steps) > max_step_events
   bin_samples = max_step_events is not None and len(samples) > max_step_events
   if bin_steps:
@@ -218,21 +219,25 @@ def _trace_events(requests: Sequence[Request], steps: Sequence[dict],
     yield from trace_bins.binned_counters(samples, max_step_events)
   else:
     yield from pool_counters(samples)
-  yield from host_tier_counter(samples, max_step_events if bin_samples else None)
+  yield from host_tier_counter(samples, max_step_events if bin_samples else None, node_of)
 
 
-def host_tier_counter(samples: Sequence[dict], limit: int | None) -> list[dict]:
+def host_tier_counter(samples: Sequence[dict], limit: int | None,
+                      node_of: dict | None = None) -> list[dict]:
   """Process 1: the node's host KV tier's "host tier pages" counter track (samples carry it
-  when kv.host_tier_pages is on), one point per sample or, with a limit, per time bin (max)."""
-  t, pages = host_tier_pages(samples)
-  if not len(t):
-    return []
-  if limit is not None:
-    b, _, _ = trace_bins.bin_index(t, 1, limit)
-    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
-    t, pages = t[starts], np.maximum.reduceat(pages, starts)
-  return [{"name": "host tier pages", "ph": "C", "ts": _us(ts), "pid": INSTANCES_PID,
-           "args": {"pages": int(n)}} for ts, n in zip(t.tolist(), pages.tolist())]
+  when kv.host_tier_pages is on; node_of, {instance: node} with cluster.nodes > 1: one track
+  per node, "host tier pages (node k)"), one point per sample or, with a limit, per time bin
+  (max)."""
+  out = []
+  for node, (t, pages) in host_tier_pages(samples, node_of).items():
+    if limit is not None:
+      b, _, _ = trace_bins.bin_index(t, 1, limit)
+      starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+      t, pages = t[starts], np.maximum.reduceat(pages, starts)
+    name = "host tier pages" if node_of is None else f"host tier pages (node {node})"
+    out += [{"name": name, "ph": "C", "ts": _us(ts), "pid": INSTANCES_PID,
+             "args": {"pages": int(n)}} for ts, n in zip(t.tolist(), pages.tolist())]
+  return out
 
 
 def write_events(f, events: Iterable[dict], chunk: int = 20_000) -> None:
@@ -251,12 +256,14 @@ def write_events(f, events: Iterable[dict], chunk: int = 20_000) -> None:
 def write_chrome_trace(path: str, *, requests: Sequence[Request], steps: Sequence[dict],
                        role_switches: Sequence[dict], samples: Sequence[dict] = (),
                        max_step_events: int | None = MAX_STEP_EVENTS,
-                       remeshes: Sequence[dict] = ()) -> None:
+                       remeshes: Sequence[dict] = (), node_of: dict | None = None) -> None:
   """Writes {"traceEvents": [...], "displayTimeUnit": "ms"} to path: every event (see the
   module docstring) when the run has at most max_step_events steps (None: always), else the
-  steps binned per instance and time (pdjax.metrics.trace_bins)."""
+  steps binned per instance and time (pdjax.metrics.trace_bins). node_of: {instance: node}
+  with cluster.nodes > 1 (a host tier track per node)."""
   events = trace_events(requests=requests, steps=steps, role_switches=role_switches,
-                        samples=samples, max_step_events=max_step_events, remeshes=remeshes)
+                        samples=samples, max_step_events=max_step_events, remeshes=remeshes,
+                        node_of=node_of)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f, _no_gc():
     f.write('{"traceEvents": [')

@@ -27,18 +27,32 @@ def write_outputs(workdir: str, cfg, run: str, summary: dict, result,
   if summary.get("kv_cache", {}).get("enabled"):   # (kv/audit.py: with the prefix cache on)
     with open(os.path.join(workdir, "kv_audit.jsonl"), "w") as f:
       f.writelines(json.dumps(line) + "\n" for line in result.kv_audit)
+  node_of = node_of_instances(cfg, run)
   host = summary.get("kv_cache", {}).get("host_tier")
   if host is not None:
     plots.plot_kv_store(result.samples, host["capacity_pages"],
-                        os.path.join(workdir, "plots", "kv_store.png"))
+                        os.path.join(workdir, "plots", "kv_store.png"), node_of)
   plots.plot_latency_cdfs({run: result.requests}, os.path.join(workdir, "plots", "latency_cdf.png"))
   plots.plot_tier_timeline(result.steps, result.samples, result.role_switches,
                            os.path.join(workdir, "plots", "tier_timeline.png"))
   full = cfg.get("output", {}).get("trace_steps", "auto") == "full"
   write_chrome_trace(os.path.join(workdir, "trace.json"), requests=result.requests,
                      steps=result.steps, role_switches=result.role_switches,
-                     samples=result.samples, remeshes=result.remesh_events,
+                     samples=result.samples, remeshes=result.remesh_events, node_of=node_of,
                      **({"max_step_events": None} if full else {}))
+
+
+def node_of_instances(cfg, run: str) -> dict | None:
+  """{instance name: node} of a run with cluster.nodes > 1 (the build order's even blocks:
+  kv/remote_store.nodes_of, as runner/build.py places them); None with one node."""
+  nodes = cfg.cluster.get("nodes", 1)
+  if nodes == 1:
+    return None
+  from pdjax import config as config_lib
+  from pdjax.kv.remote_store import nodes_of
+  names = [f"{role}-{i}" for role, n, _ in config_lib.tiers(cfg)[config_lib.RUNS[run]]
+           for i in range(n)]
+  return dict(zip(names, nodes_of(len(names), nodes)))
 
 
 def write_comparison(workdir: str, summaries: dict, results: dict) -> None:

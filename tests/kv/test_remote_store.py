@@ -169,3 +169,25 @@ def test_what_ran_names_the_nodes_and_the_sealing():
   assert (placement["nodes"], placement["sealed"]) == (2, True)
   one = sim_snapshots._config({"mode": "disaggregated"})
   assert "nodes" not in run_info_of(one, config_lib.validate(one), "disaggregated")["placement"]
+
+
+def test_each_nodes_store_has_its_own_occupancy_track(tmp_path):
+  """Samples carry their own node's tier size: with node_of the plot and the trace draw one
+  track per node (ending at that tier's size) instead of one track alternating between
+  them."""
+  from pdjax.metrics.kv_layer import host_tier_pages
+  from pdjax.metrics.trace import host_tier_counter
+  from pdjax.runner.outputs import node_of_instances
+  on, r_on, insts = _run(tmp_path)
+  cfg = sim_snapshots._config(remote_overrides(tmp_path / "remote_a.jsonl"))
+  node_of = node_of_instances(cfg, "colocated")
+  assert node_of == {"colocated-0": 0, "colocated-1": 1}
+  tracks = host_tier_pages(r_on.samples, node_of)
+  assert [(k, p.tolist()) for k, (_, p) in tracks.items()] == [
+      (0, [0.0, 0.0, 3.0, 3.0]), (1, [0.0, 0.0, 0.0, 4.0, 5.0, 5.0, 5.0, 5.0])]
+  assert [len(i.tables.host) for i in insts] == [3, 5]
+  events = host_tier_counter(r_on.samples, None, node_of)
+  assert [(e["name"], e["args"]["pages"]) for e in events][3:5] == [
+      ("host tier pages (node 0)", 3), ("host tier pages (node 1)", 0)]
+  assert {e["name"] for e in host_tier_counter(r_on.samples, None)} == {"host tier pages"}
+  assert node_of_instances(sim_snapshots._config({}), "colocated") is None
