@@ -50,8 +50,8 @@ from pdjax.distributed.node_store import fetch_pages
 from pdjax.distributed.sealed_kv import SealedActorMixin, open_pages
 from pdjax.engine.runtime import device_errors
 from pdjax.models.llama_config import LlamaConfig
-from pdjax.scheduler.errors import (DeviceError, HostTierLost, PullNotStarted, ReloadFailed,
-                                    RemoteStoreLost, StepNotRun)
+from pdjax.scheduler.errors import (DeviceError, HostTierLost, PullNotStarted, RemoteStoreLost,
+                                    StepNotRun)
 
 PULL_POLL_S = 0.0005   # how often a pull in flight is checked
 
@@ -179,8 +179,11 @@ class InstanceActor(SealedActorMixin):
       except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
         raise RemoteStoreLost(f"the KV store of node {node} is gone: {type(e).__name__}",
                               node) from None
-      except DeviceError as e:   # (a sealed page that did not open: SealError)
-        raise ReloadFailed(f"reload from node {node}: {e}") from None
+      except DeviceError as e:
+        # A sealed page that did not open (SealError): that store is not read again (its tier
+        # is lost), or the prompt, recomputed, would find and reload the same pages again.
+        raise RemoteStoreLost(
+            f"node {node}'s KV store served a page that did not open: {e}", node) from None
       pages += [page for page, _ in these]
       arrays += got
     self._host_copies().scatter_from_host(pages, arrays)

@@ -32,8 +32,9 @@ class HostTierLost(ReloadFailed):
 
 
 class RemoteStoreLost(ReloadFailed):
-  """Another node's KV store, which a step reloaded from (kv.remote_store), is gone: that
-  node's tier is lost for the rest of the run, as for HostTierLost. args: (message, node)."""
+  """Another node's KV store, which a step reloaded from (kv.remote_store), is gone or served
+  a sealed page that did not open: that node's tier is lost for the rest of the run, as for
+  HostTierLost. args: (message, node)."""
 
   def __init__(self, message: str, node: int = 0):
     super().__init__(message, node)
