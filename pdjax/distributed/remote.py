@@ -116,7 +116,8 @@ class RemoteInstance:
     self.seal_key = None             # the run's key when KV leaving a node is sealed
     self._offloads: list[tuple[int, bytes]] = []   # evicted pages to copy out before the
                                                    # actor's pool is written again
-    self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
+    self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0,
+                       "remote_load_pages": 0}
 
   # ---- life cycle (the launcher starts many at once: start, then finish_start) ---------------
 
@@ -257,8 +258,7 @@ class RemoteInstance:
       if remote:   # (from other nodes' stores: kv.remote_store, sealed under kv.seal_cross_node)
         offers.update(remote_loads=remote, seal_key=self.seal_key,
                       stores={n: self.store_of(n) for _, _, n in remote})
-        self.host_stats["remote_load_pages"] = (self.host_stats.get("remote_load_pages", 0)
-                                                + len(remote))
+        self.host_stats["remote_load_pages"] += len(remote)
       self.host_stats["load_pages"] += len(loads)
     ref = self.actor.step.remote(seq, kind, seqs, None if prev is None else prev.seq,
                                  self.revoked(), **offers)

@@ -19,6 +19,7 @@ server is not used for sealed transfers: its bytes never pass through a place to
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from pdjax.kv.seal import PageSealer
@@ -35,7 +36,6 @@ def seal_pages(key: bytes, names: list[bytes], arrays, tamper: bool = False) -> 
   sealer = PageSealer(key)
   pieces = [sealer.seal(n, a) for n, a in zip(names, arrays)]
   if tamper and pieces:
-    import dataclasses
     first = pieces[0]
     flipped = bytes([first.ciphertext[0] ^ 0x01]) + first.ciphertext[1:]
     pieces[0] = dataclasses.replace(first, ciphertext=flipped)

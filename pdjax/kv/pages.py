@@ -100,7 +100,8 @@ class BlockTables:
     self._tables: dict[str, list[int]] = {}
     self.cache = None                       # a PrefixCache once enable_prefix_cache() runs
     self.host = None                        # a node's HostTier once attach_host() runs
-    self.remote = None                      # other nodes' tiers (RemoteReload), if any
+    self.remote = None                      # other nodes' tiers (a RemoteReload, set by the
+                                            # run with kv.remote_store: runner/build.py)
     self.audit = None                       # (event, tier, salt, pages) once attach_audit()
     self.pending_loads: dict[int, object] = {}   # page -> host payload to write before the
                                                  # next step (a prefix reloaded from the host)
@@ -117,13 +118,12 @@ class BlockTables:
     self.cache = PrefixCache(self.allocator, self.page_size, capacity_pages=capacity_pages,
                              ttl_s=ttl_s, eviction=eviction)
 
-  def attach_host(self, tier, offload, receives_copies: bool = False, remote=None) -> None:
+  def attach_host(self, tier, offload, receives_copies: bool = False) -> None:
     """Shares a node's host tier (kv/host_tier.py): prefix pages evicted or expired from this
     pool go to offload(page, name, salt) (which writes them to the tier), and allocate_prefix
     reloads the tier's pages that continue a device hit. Needs the prefix cache.
     receives_copies: this pool's pages arrive by KV transfer (a decode instance): not new uses
-    to the tier's admission. remote: a RemoteReload (kv/remote_store.py, kv.remote_store):
-    what the node's tier lacks of a prefix may come from another node's tier."""
+    to the tier's admission."""
     if self.cache is None:
       raise ValueError("a host tier needs the prefix cache (page names)")
     cache = self.cache
@@ -133,7 +133,7 @@ class BlockTables:
                      receives_copies):   # (admission)
         offload(page, name, salt)
 
-    self.host, self.remote, cache.on_drop = tier, remote, on_drop
+    self.host, cache.on_drop = tier, on_drop
 
   def attach_audit(self, audit, instance: str, page_bytes: int) -> None:
     """Records this pool's KV events in the run's audit (kv/audit.py) under `instance`: its

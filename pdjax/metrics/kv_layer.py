@@ -65,8 +65,8 @@ def hot_prefixes_by_tenant(caches, top: int = TOP_PER_TENANT) -> dict[str, list[
 def host_tier_pages(samples, node_of: dict | None = None) -> dict:
   """{node: (t, pages held)} of the samples that carry their node's host tier's page count
   (with kv.host_tier_pages on): every instance of a node samples the same tier. node_of:
-  {instance: node} (cluster.nodes > 1: runner/outputs.py's `node_of_instances`); None: one node, 0. Empty when no
-  sample carries it."""
+  {instance: node} (cluster.nodes > 1: runner/outputs.py's `node_of_instances`); None: one
+  node, 0. Empty when no sample carries it."""
   has = columns.present(samples, "host_tier_pages")
   if not has.any():
     return {}

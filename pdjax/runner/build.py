@@ -123,8 +123,9 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
     for inst, node in zip(instances, nodes_of(len(instances), cfg.cluster.get("nodes", 1))):
       inst.node = node
   if cfg.cluster.get("nodes", 1) > 1:
+    link = _cross_node_link(cfg)
     for inst in instances:   # (KV between two nodes crosses it: sim_transfer, sealing)
-      inst.node_link = _cross_node_link(cfg)
+      inst.node_link = link
   prepare = _preparer(cfg, mcfg)
   for inst in instances:
     prepare(inst)

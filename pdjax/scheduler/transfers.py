@@ -84,8 +84,10 @@ class Transfers:
     src_pages, dst_pages = src.tables.block_table(r.id), dst.tables.block_table(r.id)
     result = None
     if why is None:
-      tamper = {"tamper": True} if self.injector.tamper_attempt(
-          r, self._attempts.get(id(r), 0)) else {}   # (faults.tamper_prob: sealed transfers)
+      # faults.tamper_prob: drawn for transfers between nodes only (the sealed ones)
+      crosses = getattr(src.instance, "node", 0) != getattr(dst.instance, "node", 0)
+      tamper = {"tamper": True} if crosses and self.injector.tamper_attempt(
+          r, self._attempts.get(id(r), 0)) else {}
       try:
         result = self.transfer_fn(src.instance, src_pages[skip:], dst.instance,
                                   dst_pages[skip:len(src_pages)], **tamper)

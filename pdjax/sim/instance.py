@@ -66,7 +66,8 @@ class SimInstance:
     self.host_bytes_per_s = 0.0          # the host link, once a host tier is attached
     self.host_page_weight = 0.0          # what reloading a page saves against recomputing it
     self.handoff = "transfer"            # or "host": P -> D through the host tier
-    self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
+    self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0,
+                       "remote_load_pages": 0}
     self.node, self.node_link = 0, None   # its node and the link between nodes (cluster.nodes)
     # Decode chains (pdjax/sim/decode_chain.py): many steps at once, where the cost model
     # computes many steps' times at once and no shared host moves their ends.
@@ -106,7 +107,7 @@ class SimInstance:
     seconds = self._host_copy_s(len(loads))
     if remote:
       seconds += self.tables.remote.reload_s(remote)
-      self.host_stats["remote_load_pages"] = self.host_stats.get("remote_load_pages", 0) + remote
+      self.host_stats["remote_load_pages"] += remote
     self.host_stats["load_pages"] += len(loads)
     self.host_stats["load_s"] += seconds
     return seconds
