@@ -107,7 +107,7 @@ def main() -> None:
     """The decode step compiled with a modified model (the instance's shardings)."""
     model = model or llama_lib.Llama(cfg, mode="decode", dtype=jnp.float32, **layout)
     example = inst._padding_batch("decode", b)
-    step = programs.bind_step("decode", model, seed=0, layout=batch_lib.layout(example),
+    step = programs.bind_step("decode", model, layout=batch_lib.layout(example),
                               token_rows=inst.token_rows)
     in_sh, out_sh = mesh_lib.step_shardings(inst.mesh, inst._param_sh)
     return inst._compile(step, (inst.params, inst.kv, batch_lib.pack(example), inst._no_prev),

@@ -10,7 +10,9 @@ sampled in that row, still on the device. Its `prev_rows` entry names the row (-
 is in `tokens`), and the program takes it from the previous step's output.
 
 A row ends with its sampling parameters: temperature, seed and, optionally, top_p (a row of
-five elements samples with top_p 1.0: no nucleus filter).
+five elements samples with top_p 1.0: no nucleus filter). Every batch also carries the run's
+seed (`run_seed`, int32 [1]): it is data, not a constant of the program, so one compiled
+program serves every seed (repeats, sweep points) and sampling still keys by it.
 
 `pack` flattens a batch into one int32 buffer (float32 fields bitcast), so a step moves its
 metadata to the device in one transfer; the program unpacks it by the batch's static `layout`.
@@ -60,12 +62,13 @@ def _sampling(params) -> tuple[float, int, float]:
   return temperature, seed, (rest[0] if rest else 1.0)
 
 
-def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int) -> dict:
+def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int,
+                  run_seed: int = 0) -> dict:
   """seqs: list of (token_ids, start, pages, temperature, seed[, top_p]): token_ids go at
   positions start.. of that sequence, whose first `start` tokens are already in the cache (a
   chunk after a cached prefix; a decode row is a one-token chunk). The program samples after
   each sequence's last token, keyed by seed and position, from its top_p nucleus (see
-  pdjax.engine.sampling)."""
+  pdjax.engine.sampling) and the run's seed."""
   if len(seqs) > max_seqs:
     raise ValueError(f"{len(seqs)} sequences exceed max_seqs={max_seqs}")
   total = sum(len(s[0]) for s in seqs)
@@ -99,10 +102,11 @@ def prefill_batch(geom: PageGeometry, seqs, *, num_tokens: int, max_seqs: int) -
   return dict(tokens=tokens, prev_rows=prev_rows, positions=positions,
               slot_mapping=slot_mapping, kv_lens=kv_lens, page_indices=page_indices,
               cu_q_lens=cu_q_lens, num_seqs=np.array([len(seqs)], np.int32),
-              temperatures=temperatures, top_ps=top_ps, seeds=seeds)
+              temperatures=temperatures, top_ps=top_ps, seeds=seeds,
+              run_seed=np.array([run_seed], np.int32))
 
 
-def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
+def decode_batch(geom: PageGeometry, seqs, *, batch_size: int, run_seed: int = 0) -> dict:
   """seqs: list of (last_token, position, pages, temperature, seed[, top_p]); position = where
   it goes; seed = the request's sampling seed (Request.sampling_seed); top_p: its nucleus
   (default 1.0)."""
@@ -129,7 +133,8 @@ def decode_batch(geom: PageGeometry, seqs, *, batch_size: int) -> dict:
     temperatures[i], seeds[i], top_ps[i] = _sampling(sampling)
   return dict(tokens=tokens, prev_rows=prev_rows, positions=positions,
               slot_mapping=slot_mapping, lengths=lengths, page_indices=page_indices,
-              temperatures=temperatures, top_ps=top_ps, seeds=seeds)
+              temperatures=temperatures, top_ps=top_ps, seeds=seeds,
+              run_seed=np.array([run_seed], np.int32))
 
 
 def padding_batch(kind: str, geom: PageGeometry, n: int, max_prefill_seqs: int) -> dict:

@@ -46,15 +46,25 @@ class HostKV:
 class HostCopies:
   """Offloads and reloads for one engine Instance (attached by Instance.attach_host_tier)."""
 
-  def __init__(self, inst):
+  def __init__(self, inst, compiled=None):
+    """compiled: `compiled_programs` of an earlier HostCopies of inst (kept by a reset
+    instance)."""
     self.inst = inst
-    self._gather = inst._compile(programs.gather_pages, (inst.kv, np.zeros(1, np.int32)),
-                                 (inst._kv_sh, inst._rep), NamedSharding(inst.mesh, PAGES_SPEC))
-    self._scatter = {}
-    for n in inst.opts.transfer_buckets:   # blanks shared with the instance's own scatters
-      self._scatter[n] = compile_scatter(inst, n, _blanks(inst, self._scatter))
+    if compiled is None:
+      gather = inst._compile(programs.gather_pages, (inst.kv, np.zeros(1, np.int32)),
+                             (inst._kv_sh, inst._rep), NamedSharding(inst.mesh, PAGES_SPEC))
+      scatter = {}
+      for n in inst.opts.transfer_buckets:   # blanks shared with the instance's own scatters
+        scatter[n] = compile_scatter(inst, n, _blanks(inst, scatter))
+      compiled = (gather, scatter)
+    self._gather, self._scatter = compiled
     self._in_flight: list[HostKV] = []
     self.stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0}
+
+  @property
+  def compiled_programs(self) -> tuple:
+    """(gather program, {bucket: scatter program}): what a later HostCopies may reuse."""
+    return self._gather, self._scatter
 
   def offload(self, page: int, name: bytes, salt: str) -> None:
     """The prefix cache's on_drop: page is about to be reused; its bytes go to the tier."""

@@ -103,6 +103,7 @@ class Instance:
     self.param_layout = mesh_lib.param_layout(spec.devices, opts.param_layout)
     self.geom = batch_lib.PageGeometry(opts.num_pages, opts.page_size, opts.pages_per_seq)
     self.tables = BlockTables(opts.num_pages, opts.page_size)
+    self.run_seed = opts.seed      # sampling's run seed: batch data, so `reset` may change it
     self.dtype = jnp.dtype(opts.dtype)
     self._param_sh, self.params = place_params(self.mesh, params, cfg.num_layers,
                                                self.param_layout)
@@ -110,8 +111,10 @@ class Instance:
     self._kv_sh = (self.kv_sharding, self.kv_sharding)
     self._rep = mesh_lib.replicated(self.mesh)
     pool = (cfg.num_layers, cfg.num_kv_heads, opts.num_pages, opts.page_size, cfg.head_dim)
+    # compiled once: a reset's fresh pool needs no jit cache (released between commands)
     self._empty_pool = jax.jit(lambda: (jnp.zeros(pool, self.dtype),
-                                        jnp.zeros(pool, self.dtype)), out_shardings=self._kv_sh)
+                                        jnp.zeros(pool, self.dtype)),
+                               out_shardings=self._kv_sh).lower().compile()
     self.kv = self._empty_pool()
     self.kv_pool_shape = pool
     self.token_rows = opts.token_rows
@@ -127,6 +130,27 @@ class Instance:
     # kv.stream_layers: per (bucket, layer group) prefill programs, per layer group transfer
     # programs (engine/layer_groups.py)
     self._prefill_groups, self._gather_groups, self._scatter_groups = {}, {}, {}
+
+  # ---- between runs (runner/instance_pool.py) ----------------------------------------------
+
+  # What a run's builder sets on an instance (runner/build.py): dropped by `reset`.
+  PER_RUN_ATTRIBUTES = ("cost", "shares_host", "node", "node_link", "seal_key")
+
+  def reset(self, run_seed: int) -> None:
+    """The instance as if just built, its compiled programs kept: an empty KV pool and page
+    tables (no prefix cache, no host tier: the next run's builder attaches its own), the
+    compile counters at zero, the next run's sampling seed. The previous run must have
+    ended (every request terminal, every page returned)."""
+    if self.tables.num_used_pages:
+      raise RuntimeError(f"{self.name}: reset with {self.tables.num_used_pages} pages in use")
+    self.kv = self._empty_pool()
+    self.tables = BlockTables(self.opts.num_pages, self.opts.page_size)
+    self.host_copies = None
+    self.run_seed = int(run_seed)
+    self.compiles = self.compiles_from_cache = self.lazy_compiles = 0
+    self.lazy_compile_s = 0.0
+    for name in self.PER_RUN_ATTRIBUTES:
+      self.__dict__.pop(name, None)
 
   # ---- re-meshing (engine/remesh.py) -------------------------------------------------------
 
@@ -165,8 +189,8 @@ class Instance:
     model = Llama(self.cfg, mode=kind, dtype=self.dtype,
                   attention=attn_lib.resolve_impl(self.opts.attention_impl, self.mesh),
                   layout=self.param_layout)
-    step = programs.bind_step(kind, model, seed=self.opts.seed,
-                              layout=batch_lib.layout(example_batch), token_rows=self.token_rows)
+    step = programs.bind_step(kind, model, layout=batch_lib.layout(example_batch),
+                              token_rows=self.token_rows)
     in_sh, out_sh = mesh_lib.step_shardings(self.mesh, self._param_sh)
     return self._compile(step, (self.params, self.kv, batch_lib.pack(example_batch),
                                 self._no_prev), in_sh, out_sh, donate=(1,))
@@ -240,7 +264,8 @@ class Instance:
     its page gather and scatters. host_bytes_per_s: unused (the simulator's cost). handoff:
     the run's transfer function decides (engine/host_copies.transfer_through_host_tier)."""
     from pdjax.engine.host_copies import HostCopies
-    self.host_copies = HostCopies(self)
+    self.host_copies = HostCopies(self, getattr(self, "_host_copy_programs", None))
+    self._host_copy_programs = self.host_copies.compiled_programs   # kept across `reset`
     self.tables.attach_host(tier, self.host_copies.offload, self.role == "decode")
 
   @property
@@ -268,7 +293,8 @@ class Instance:
       self.host_copies.land()
     n = batch_lib.pick_bucket(self.opts.prefill_buckets, sum(len(s[0]) for s in seqs))
     flat = batch_lib.pack(batch_lib.prefill_batch(self.geom, seqs, num_tokens=n,
-                                                  max_seqs=self.opts.max_prefill_seqs))
+                                                  max_seqs=self.opts.max_prefill_seqs,
+                                                  run_seed=self.run_seed))
     if not streams:
       return self._launch(self._lazy("prefill", n), flat, prev, len(seqs), t0)
     if not self.opts.stream_layers:
@@ -300,7 +326,8 @@ class Instance:
     if self.host_copies is not None:
       self.host_copies.land()
     n = batch_lib.pick_bucket(self.opts.decode_buckets, len(seqs))
-    flat = batch_lib.pack(batch_lib.decode_batch(self.geom, seqs, batch_size=n))
+    flat = batch_lib.pack(batch_lib.decode_batch(self.geom, seqs, batch_size=n,
+                                                 run_seed=self.run_seed))
     return self._launch(self._lazy("decode", n), flat, prev, len(seqs), t0)
 
   def _lazy(self, kind: str, n: int):

@@ -34,7 +34,7 @@ from pdjax.kv.transfer_result import TransferResult
 from pdjax.models.llama import Llama, layer_group_params
 
 
-def prefill_group(params, kv, flat, carry, *, model: Llama, seed: int, layout, token_rows: int):
+def prefill_group(params, kv, flat, carry, *, model: Llama, layout, token_rows: int):
   """One layer group of the prefill step (model.layers = (a, b)). carry: the previous step's
   tokens (group 0: the input tokens may be read from them, as in `programs.prefill`) or the
   hidden state [T, hidden] the group before returned. Returns (hidden state, or the sampled
@@ -49,7 +49,7 @@ def prefill_group(params, kv, flat, carry, *, model: Llama, seed: int, layout, t
     return model.apply(sub, x, kv, meta, None)
   rows = jnp.maximum(batch["cu_q_lens"][1:] - 1, 0)
   logits, kv = model.apply(sub, x, kv, meta, rows)
-  keys = row_keys(seed, batch["seeds"], batch["kv_lens"])
+  keys = row_keys(batch["run_seed"][0], batch["seeds"], batch["kv_lens"])
   return programs._padded(sample(logits, batch["temperatures"], keys, batch["top_ps"]),
                           token_rows), kv
 
@@ -58,7 +58,7 @@ def compile_group_program(inst, n: int, layers: tuple[int, int], model_kwargs: d
   """Prefill bucket n's program for one layer group, KV donated."""
   model = Llama(inst.cfg, mode="prefill", dtype=inst.dtype, layers=layers, **model_kwargs)
   example = inst._padding_batch("prefill", n)
-  fn = functools.partial(prefill_group, model=model, seed=inst.opts.seed,
+  fn = functools.partial(prefill_group, model=model,
                          layout=batch_lib.layout(example), token_rows=inst.token_rows)
   in_sh, out_sh = mesh_lib.step_shardings(inst.mesh, inst._param_sh)
   carry = (inst._no_prev if layers[0] == 0 else

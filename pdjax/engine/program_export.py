@@ -167,7 +167,7 @@ def _jitted(case: ProgramCase):
     attention = AttentionOps(impl="pallas", mesh=mesh, variant=VARIANT[case.target])
     step = programs.bind_step(case.program, Llama(cfg, mode=case.program, dtype=dtype,
                                                   attention=attention),
-                              seed=o.seed, layout=batch_lib.layout(example),
+                              layout=batch_lib.layout(example),
                               token_rows=o.token_rows)
     in_sh, out_sh = mesh_lib.step_shardings(mesh, mesh_lib.param_shardings(mesh, params))
     args = (params, kv, _abstract(batch_lib.pack(example)),

@@ -40,24 +40,24 @@ def _padded(tokens, token_rows: int):
   return jnp.zeros(token_rows, jnp.int32).at[:tokens.shape[0]].set(tokens)
 
 
-def prefill(params, kv, flat, prev_tokens, *, model: Llama, seed: int, layout, token_rows: int):
+def prefill(params, kv, flat, prev_tokens, *, model: Llama, layout, token_rows: int):
   """Writes the prompts' KV into the pools and samples each sequence's first token.
 
   flat: the packed batch (see pdjax.engine.batch); prev_tokens int32 [token_rows]: the
   previous step's output. Returns (tokens int32 [token_rows], kv). Rows past
   batch["num_seqs"] are padding. A sequence of kv_len tokens samples the token at position
-  kv_len (keyed by its seed and that position).
+  kv_len (keyed by the batch's run seed, its own seed and that position).
   """
   batch = unpack(flat, layout)
   meta = {k: batch[k] for k in ("positions", "slot_mapping", "kv_lens", "page_indices",
                                  "cu_q_lens", "num_seqs")}
   last = jnp.maximum(batch["cu_q_lens"][1:] - 1, 0)
   logits, kv = model.apply(params, input_tokens(batch, prev_tokens), kv, meta, last)
-  keys = row_keys(seed, batch["seeds"], batch["kv_lens"])
+  keys = row_keys(batch["run_seed"][0], batch["seeds"], batch["kv_lens"])
   return _padded(sample(logits, batch["temperatures"], keys, batch["top_ps"]), token_rows), kv
 
 
-def decode(params, kv, flat, prev_tokens, *, model: Llama, seed: int, layout, token_rows: int):
+def decode(params, kv, flat, prev_tokens, *, model: Llama, layout, token_rows: int):
   """One decode step for a batch of sequences: appends one token's KV, samples the next token.
 
   Returns (tokens int32 [token_rows], kv). The token sampled goes at position + 1 = lengths.
@@ -66,19 +66,19 @@ def decode(params, kv, flat, prev_tokens, *, model: Llama, seed: int, layout, to
   meta = {k: batch[k] for k in ("positions", "slot_mapping", "lengths", "page_indices")}
   rows = jnp.arange(batch["tokens"].shape[0])
   logits, kv = model.apply(params, input_tokens(batch, prev_tokens), kv, meta, rows)
-  keys = row_keys(seed, batch["seeds"], batch["lengths"])
+  keys = row_keys(batch["run_seed"][0], batch["seeds"], batch["lengths"])
   return _padded(sample(logits, batch["temperatures"], keys, batch["top_ps"]), token_rows), kv
 
 
 STEPS = {"prefill": prefill, "decode": decode}
 
 
-def bind_step(kind: str, model: Llama, *, seed: int, layout, token_rows: int):
+def bind_step(kind: str, model: Llama, *, layout, token_rows: int):
   """The step program an instance compiles for one bucket: (params, kv, packed batch, previous
   tokens) -> (tokens int32 [token_rows], kv). kind: "prefill" | "decode"; layout: the bucket's
-  `batch.layout`."""
-  return functools.partial(STEPS[kind], model=model, seed=seed, layout=layout,
-                           token_rows=token_rows)
+  `batch.layout`. The run's seed is in the batch (`run_seed`), not bound here: one program
+  serves every seed."""
+  return functools.partial(STEPS[kind], model=model, layout=layout, token_rows=token_rows)
 
 
 def gather_pages(kv, page_ids, layers: tuple[int, int] | None = None):
