@@ -24,6 +24,7 @@ from pdjax import config as config_lib
 from pdjax.cli import define_config_and_workdir, fail, parse_flags, use_cpu_devices
 from pdjax.metrics.sweep_tables import differences, row_of, write_tables
 from pdjax.runner.outputs import default_workdir
+from pdjax.runner.instance_pool import pool_scope
 from pdjax.runner.sweep_points import (apply_overrides, chips_of, folder_of, label_of, load_sweep,
                                        point_names, run_point, tiny_warning, write_plots)
 
@@ -54,23 +55,24 @@ def main(argv) -> None:
     print(warning, file=sys.stderr)
   rows, rates, others, params_cache, by_point = [], {}, {}, {}, []
   names = point_names(sweep)
-  for i, (overrides, cfg, mcfg) in enumerate(zip(sweep, points, mcfgs)):
-    label = label_of(overrides)
-    print(f"[{i + 1}/{len(points)}] {label}", file=sys.stderr)
-    params = None
-    if cfg.backend != "sim":   # the simulator needs no weights
-      key = (cfg.model.checkpoint, cfg.model.preset, cfg.seed, cfg.model.dtype)
-      if key not in params_cache:
-        params_cache[key] = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
-                                        dtype=cfg.model.dtype)
-      params = params_cache[key]
-    if "workload.rate" in overrides:
-      rates[i] = float(overrides["workload.rate"])
-      others[i] = label_of({k: v for k, v in overrides.items() if k != "workload.rate"})
-    summaries = run_point(cfg, mcfg, os.path.join(workdir, folder_of(i, label)), params)
-    by_point.append((names[i], summaries))
-    rows += [row_of(i, label, run, s, chips_of(cfg, run)) for run, s in summaries.items()]
-    write_tables(workdir, rows)   # after every point: a long sweep leaves partial results
+  with pool_scope():   # points on one placement share its instances (instance_pool.py)
+    for i, (overrides, cfg, mcfg) in enumerate(zip(sweep, points, mcfgs)):
+      label = label_of(overrides)
+      print(f"[{i + 1}/{len(points)}] {label}", file=sys.stderr)
+      params = None
+      if cfg.backend != "sim":   # the simulator needs no weights
+        key = (cfg.model.checkpoint, cfg.model.preset, cfg.seed, cfg.model.dtype)
+        if key not in params_cache:
+          params_cache[key] = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
+                                          dtype=cfg.model.dtype)
+        params = params_cache[key]
+      if "workload.rate" in overrides:
+        rates[i] = float(overrides["workload.rate"])
+        others[i] = label_of({k: v for k, v in overrides.items() if k != "workload.rate"})
+      summaries = run_point(cfg, mcfg, os.path.join(workdir, folder_of(i, label)), params)
+      by_point.append((names[i], summaries))
+      rows += [row_of(i, label, run, s, chips_of(cfg, run)) for run, s in summaries.items()]
+      write_tables(workdir, rows)   # after every point: a long sweep leaves partial results
   write_tables(workdir, rows, differences(by_point))
   goodput = write_plots(workdir, rows, rates, base.slo.attainment,
                         {i: o for i, o in others.items() if o != "base"})

@@ -186,6 +186,20 @@ def compare_table(summaries: dict[str, dict]) -> str:
                     *(line(r) for r in rows)]) + "\n"
 
 
+def table_rows(text: str) -> list[str]:
+  """The metric names, in order, of the first table `compare_table` printed in `text` (the
+  column under "metric", as wide as the dashes below it)."""
+  lines = text.splitlines()
+  at = next(i for i, line in enumerate(lines) if line.startswith("metric "))
+  width = len(lines[at + 1].split(" ")[0])
+  rows = []
+  for line in lines[at + 2:]:
+    if not line.strip() or line.startswith("```"):   # (the end of a markdown code block)
+      break
+    rows.append(line[:width].strip())
+  return rows
+
+
 def paired(a: dict, b: dict, m: Metric) -> dict | None:
   """The interval of b - a over repeats run on the same seeds (each repeat of both modes
   served the same workload, so a seed's own difficulty cancels); None when they were not."""

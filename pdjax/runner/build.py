@@ -26,8 +26,13 @@ def policies_for(cfg, run: str, opts):
     names["colocated_policy"] = "chunked_prefill"
   elif cfg.mode == "compare" or run == "disaggregated":
     names["colocated_policy"] = "prefill_first"   # the plain baseline; D steps are decodes
+  # a chunked step packs decodes with a chunk (the programs' rows); a whole-prompt step takes
+  # at most scheduler.max_prefill_seqs prompts, whatever rows its programs have (mode=compare's
+  # colocated run shares the chunked run's programs: build_run)
+  step_seqs = (opts.max_prefill_seqs if names["colocated_policy"] == "chunked_prefill"
+               else sc.max_prefill_seqs)
   params = dict(token_budget=max(opts.prefill_buckets), chunk_budget=sc.chunk_budget,
-                max_prefill_seqs=opts.max_prefill_seqs, length_threshold=sc.length_threshold,
+                max_prefill_seqs=step_seqs, length_threshold=sc.length_threshold,
                 saturation=sc.saturation, max_queue=sc.max_queue, slo_ttft_s=cfg.slo.ttft_s,
                 slo_tpot_s=cfg.slo.tpot_s, interval_s=sc.role_switch_interval_s,
                 queued_tokens=sc.role_switch_queued_tokens, shared_salt=cfg.kv.shared_salt,
@@ -45,7 +50,8 @@ def policies_for(cfg, run: str, opts):
     from pdjax.scheduler.policies.prefill_first import PrefillFirst
     whole = PrefillFirst(token_budget=params["token_budget"],
                          max_prefill_seqs=sc.max_prefill_seqs)
-    policies.step = LocalChunked(whole, ChunkedPrefill(**params))
+    policies.step = LocalChunked(whole, ChunkedPrefill(
+        **{**params, "max_prefill_seqs": opts.max_prefill_seqs}))
   return policies
 
 
@@ -77,8 +83,11 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
   the simulator and Ray, and the DriverOptions the config sets). progress(done, total, what):
   each program the real engine compiles in this process (engine.cluster.build_instances)."""
   from pdjax.faults.injector import FaultInjector
+  # (a colocated run beside a chunked one on the same placement takes the chunked run's
+  # programs: one set compiled for both, runner/instance_pool.py)
   chunked = (run == "chunked" or local_prefill(cfg, run) == "chunked"
-             or (run == "colocated" and cfg.scheduler.colocated_policy == "chunked_prefill"))
+             or (run == "colocated" and (cfg.scheduler.colocated_policy == "chunked_prefill"
+                                         or "chunked" in config_lib.modes(cfg))))
   opts = options_lib.engine_options(cfg, chunked=chunked)
   mode = config_lib.RUNS[run]
   tiers = config_lib.tiers(cfg)[mode]
@@ -113,11 +122,7 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
     for inst in instances:
       inst.seal_key = seal_key
   else:
-    from pdjax.engine.cluster import build_instances
-    instances = build_instances(tiers, mcfg, host_params, opts,
-                                roles_may_change=cfg.scheduler.role_switch == "queue_balance",
-                                opts_by_role=options_lib.tier_options(cfg, opts),
-                                progress=progress)
+    instances = _engine_instances(cfg, mcfg, tiers, host_params, opts, progress)
   if ray_cluster is None:   # (the Ray launcher placed its actors on their nodes)
     from pdjax.kv.remote_store import nodes_of
     for inst, node in zip(instances, nodes_of(len(instances), cfg.cluster.get("nodes", 1))):
@@ -153,6 +158,25 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
                       stream_min_tokens=kv.get("stream_min_tokens", 0),
                       debug=cfg.debug, overlap=_overlap(cfg))
   return mode, instances, serve_kwargs
+
+
+def _engine_instances(cfg, mcfg, tiers, host_params, opts, progress) -> list:
+  """The real engine's instances of a run: from the command's InstancePool when one is open
+  (built by the first run of this placement, reset for the others), else built now. A
+  re-meshing run builds its own (a re-mesh replaces and unloads instances)."""
+  from pdjax.engine.cluster import build_instances
+  from pdjax.runner.instance_pool import build_key, open_pool
+  roles_may_change = cfg.scheduler.role_switch == "queue_balance"
+  opts_by_role = options_lib.tier_options(cfg, opts)
+
+  def build() -> list:
+    return build_instances(tiers, mcfg, host_params, opts, roles_may_change=roles_may_change,
+                           opts_by_role=opts_by_role, progress=progress)
+  pool = open_pool()
+  if pool is None or cfg.scheduler.role_switch == "remesh":
+    return build()
+  key = build_key(tiers, mcfg, host_params, opts, opts_by_role, roles_may_change)
+  return pool.instances(key, host_params, build, run_seed=cfg.seed)
 
 
 def _preparer(cfg, mcfg):

@@ -110,6 +110,8 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   if summarize:
     summary = summarize_run(cfg, run, result, result.instances or instances, problems)
     summary["run_info"] = run_info_of(cfg, mcfg, run, requests=len(requests))
+    from pdjax.metrics.process import process_footprint
+    summary["process"] = process_footprint()   # after the run: a command must not grow
   if ray_cluster is not None:
     ray_cluster.release(instances)   # their processes end; the next run starts its own
     ray_cluster.clear_store()        # (and its own host tier)
@@ -130,5 +132,6 @@ def run_mode(cfg, mcfg, run: str, workdir: str, host_params,
             file=sys.stderr) as bar:
     summary, result, _ = execute(cfg, mcfg, run, host_params, on_progress=bar.update,
                                  on_loaded=set_total, ray_cluster=ray_cluster)
+  result.instances = []   # (summarized: the instances are the pool's, or released now)
   write_outputs(workdir, cfg, run, summary, result)
   return summary, result

@@ -43,7 +43,10 @@ def test_compare_run_writes_both_modes(tmp_path):
       assert set(summary[key]) == {"mean", "p50", "p90", "p99"}
     assert set(summary["kv_transfer"]) == {"count", "bytes", "mean_s", "p99_s", "failures",
                                            "exposed_mean_s", "exposed_p99_s"}
-    assert summary["compiles"] + summary["compiles_from_cache"] > 0   # exact: test_compiles.py
+    # chunked runs on the colocated run's instances (one placement, built once: issue 45);
+    # exact counts: test_compiles.py, test_main_job.py
+    built = summary["compiles"] + summary["compiles_from_cache"]
+    assert (built == 0) if mode == "chunked" else (built > 0), (mode, built)
     assert 0 <= summary["slo_attainment"] <= 1
     rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and all(REQUEST_FIELDS <= set(r) for r in rows)
