@@ -83,10 +83,12 @@ def build_instances(tiers: list[tuple[str, int, int]], mcfg: LlamaConfig, params
       progress(done[0], total, what)
 
   instances = []
-  for spec, inst_opts, warm in plans:
+  for spec, inst_opts, warm in plans:   # one instance lowers while the last one compiles
     inst = Instance(spec, mcfg, params, inst_opts)
-    inst.warm_up(**warm, on_program=one)
+    inst.warm_up(**warm, on_program=one, wait=False)
     instances.append(inst)
+  for inst in instances:
+    inst.finish_compiles()
   for src in instances:
     for dst in instances:
       if src is not dst and src._gather and dst._scatter:

@@ -15,6 +15,7 @@ A runtime failure (jax.errors.JaxRuntimeError) of a dispatch or of a result is r
 
 from __future__ import annotations
 
+import threading
 import time
 
 import jax
@@ -28,7 +29,7 @@ from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
 from pdjax.engine import ready_wait
 from pdjax.engine.options import EngineOptions  # noqa: F401  (re-exported)
-from pdjax.engine.runtime import compile_lowered, device_errors
+from pdjax.engine.runtime import compile_in_background, device_errors
 from pdjax.kv.pages import BlockTables
 from pdjax.models import param_layout as param_layout_lib
 from pdjax.models.llama import Llama
@@ -121,6 +122,8 @@ class Instance:
     # scheduler.overlap "auto" turns overlap on here (see serving.resolve_overlap for CPU)
     self.overlap_by_default = spec.devices[0].platform != "cpu"
     self._no_prev = jax.device_put(np.zeros(self.token_rows, np.int32), self._rep)
+    self._compiling: list = []     # CompilingPrograms not yet waited for (finish_compiles)
+    self._count_lock = threading.Lock()
     self.compiles = 0              # programs compiled by XLA
     self.compiles_from_cache = 0   # programs a compilation cache served (persistent or
                                    # jax's in-process one)
@@ -172,16 +175,29 @@ class Instance:
   # ---- compilation -------------------------------------------------------------------------
 
   def _compile(self, fn, args, in_shardings, out_shardings, donate=()):
+    """Lowers fn for args' shapes here and compiles it on a compile thread: returns a
+    `CompilingProgram` (callable; the first call waits for the compile). `finish_compiles`
+    waits for every one this instance started."""
     abstract = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args)
     jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                      donate_argnums=donate)
-    compiled, by_xla = compile_lowered(jitted.lower(*abstract))
-    if by_xla:
-      self.compiles += 1
-    else:
-      self.compiles_from_cache += 1
-    return compiled
+    program = compile_in_background(jitted.lower(*abstract), self._count_compile)
+    self._compiling.append(program)
+    return program
+
+  def _count_compile(self, by_xla: bool) -> None:
+    with self._count_lock:   # (on a compile thread)
+      if by_xla:
+        self.compiles += 1
+      else:
+        self.compiles_from_cache += 1
+
+  def finish_compiles(self) -> None:
+    """Waits for every program this instance is compiling; raises a compile's failure."""
+    compiling, self._compiling = self._compiling, []
+    for program in compiling:
+      program.wait()
 
   def _step_program(self, kind: str, example_batch):
     """A step program for the bucket of `example_batch`: (params, kv, packed batch, previous
@@ -196,19 +212,23 @@ class Instance:
                                 self._no_prev), in_sh, out_sh, donate=(1,))
 
   def warm_up(self, *, prefill: bool, decode: bool, transfer_to_tp: tuple[int, ...] = (),
-              receive: bool = False, on_program=None) -> None:
+              receive: bool = False, on_program=None, wait: bool = True) -> None:
     """Compiles every bucket of the programs this instance's role needs. on_program(what) is
-    called after each one (start-up progress; `warm_up_programs` counts them)."""
+    called after each one (start-up progress; `warm_up_programs` counts them). Programs
+    compile on the compile threads while the next ones lower; wait=False returns before the
+    last ones have (the caller's `finish_compiles` waits: engine/cluster.py overlaps one
+    instance's compiles with the next one's lowering)."""
     o = self.opts
     done = on_program or (lambda what: None)
-    if prefill and not o.lazy_compile:
-      for n in o.prefill_buckets:
-        self._run_once(self._program("prefill", n), self._padding_batch("prefill", n))
-        done(f"{self.name} prefill, {n} tokens")
-    if decode and not o.lazy_compile:
-      for n in o.decode_buckets:
-        self._run_once(self._program("decode", n), self._padding_batch("decode", n))
-        done(f"{self.name} decode, batch {n}")
+    steps = [(kind, n) for kind, on, buckets in (("prefill", prefill, o.prefill_buckets),
+                                                 ("decode", decode, o.decode_buckets))
+             if on and not o.lazy_compile for n in buckets]
+    for kind, n in steps:   # lowered here, compiling on the compile threads
+      self._program(kind, n)
+    for kind, n in steps:
+      self._run_once(self._program(kind, n), self._padding_batch(kind, n))
+      done(f"{self.name} {kind}, {n} tokens" if kind == "prefill"
+           else f"{self.name} {kind}, batch {n}")
     from pdjax.engine import transfer  # the transfer programs live beside their logic
     for dst_tp in transfer_to_tp:
       for n in o.transfer_buckets:
@@ -221,6 +241,8 @@ class Instance:
     if o.stream_layers:
       layer_groups.warm_up(self, prefill=prefill and not o.lazy_compile,
                            transfer_to_tp=transfer_to_tp, receive=receive, on_program=done)
+    if wait:
+      self.finish_compiles()
 
   @staticmethod
   def warm_up_programs(opts: EngineOptions, *, prefill: bool, decode: bool,
@@ -336,6 +358,7 @@ class Instance:
     if n not in table and self.opts.lazy_compile:
       t0 = time.perf_counter()
       program = self._program(kind, n)
+      self.finish_compiles()   # (its compile time counts here, a failure raises here)
       self.lazy_compiles += 1
       self.lazy_compile_s += time.perf_counter() - t0
       return program

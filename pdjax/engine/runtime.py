@@ -1,5 +1,6 @@
-"""What the engine takes from the JAX runtime: its failures as `DeviceError`, and whether a
-program was compiled by XLA or served by a compilation cache.
+"""What the engine takes from the JAX runtime: its failures as `DeviceError`, whether a
+program was compiled by XLA or served by a compilation cache, and compiles run on every core
+(`compile_in_background`: XLA compiles one program while Python lowers the next).
 
 `device_errors()` turns `jax.errors.JaxRuntimeError` (a failed dispatch, or a step whose result
 failed on the device) into `DeviceError`, the one failure the driver survives; nothing else is
@@ -8,7 +9,9 @@ wrapped, so a ValueError (a shape beyond the buckets) or a TypeError still stops
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import os
 import threading
 
 import jax
@@ -56,3 +59,45 @@ def compile_lowered(lowered) -> tuple[object, bool]:
     monitoring.unregister_event_listener(on_event)
     monitoring.unregister_event_duration_listener(on_duration)
   return compiled, BACKEND_COMPILE_EVENT in seen and CACHE_HIT_EVENT not in seen
+
+
+_COMPILERS: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _compilers() -> concurrent.futures.ThreadPoolExecutor:
+  """One compile thread per core (XLA's compile releases the GIL), made on first use."""
+  global _COMPILERS
+  if _COMPILERS is None:
+    _COMPILERS = concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1,
+                                                       thread_name_prefix="pdjax-compile")
+  return _COMPILERS
+
+
+class CompilingProgram:
+  """An executable being compiled on a compile thread: calling it waits for the compile, then
+  calls the executable (later calls go straight to it). `wait()` returns the executable and
+  raises what its compile raised."""
+
+  def __init__(self, future: concurrent.futures.Future):
+    self._future, self._compiled = future, None
+
+  def wait(self):
+    if self._compiled is None:
+      self._compiled, _ = self._future.result()
+    return self._compiled
+
+  def __call__(self, *args):
+    compiled = self._compiled
+    if compiled is None:
+      compiled = self.wait()
+    return compiled(*args)
+
+
+def compile_in_background(lowered, on_done) -> CompilingProgram:
+  """Compiles `lowered` on a compile thread (`compile_lowered`); on_done(by_xla) runs there
+  once it has compiled."""
+  def work():
+    compiled, by_xla = compile_lowered(lowered)
+    on_done(by_xla)
+    return compiled, by_xla
+  return CompilingProgram(_compilers().submit(work))
