@@ -22,4 +22,7 @@ def resolve_impl(attention_impl: str, mesh: Mesh | None = None) -> AttentionOps:
                      f"{list(ATTENTION_IMPLS)}")
   on_accelerator = jax.default_backend() in ("tpu", "gpu", "cuda", "rocm")
   impl = attention_impl if attention_impl != "auto" else ("pallas" if on_accelerator else "xla")
-  return AttentionOps(impl=impl, mesh=mesh, interpret=impl == "pallas" and not on_accelerator)
+  # only the Pallas kernels need the mesh (shard_map); without it, instances on other
+  # devices share one traced step program (programs.step_function)
+  return AttentionOps(impl=impl, mesh=mesh if impl == "pallas" else None,
+                      interpret=impl == "pallas" and not on_accelerator)

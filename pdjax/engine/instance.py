@@ -32,7 +32,6 @@ from pdjax.engine.options import EngineOptions  # noqa: F401  (re-exported)
 from pdjax.engine.runtime import compile_in_background, device_errors
 from pdjax.kv.pages import BlockTables
 from pdjax.models import param_layout as param_layout_lib
-from pdjax.models.llama import Llama
 from pdjax.models.llama_config import LlamaConfig
 
 
@@ -202,11 +201,10 @@ class Instance:
   def _step_program(self, kind: str, example_batch):
     """A step program for the bucket of `example_batch`: (params, kv, packed batch, previous
     tokens) -> (tokens [token_rows], kv), KV donated."""
-    model = Llama(self.cfg, mode=kind, dtype=self.dtype,
-                  attention=attn_lib.resolve_impl(self.opts.attention_impl, self.mesh),
-                  layout=self.param_layout)
-    step = programs.bind_step(kind, model, layout=batch_lib.layout(example_batch),
-                              token_rows=self.token_rows)
+    step = programs.step_function(kind, self.cfg, self.dtype,
+                                  attn_lib.resolve_impl(self.opts.attention_impl, self.mesh),
+                                  self.param_layout, batch_lib.layout(example_batch),
+                                  self.token_rows)
     in_sh, out_sh = mesh_lib.step_shardings(self.mesh, self._param_sh)
     return self._compile(step, (self.params, self.kv, batch_lib.pack(example_batch),
                                 self._no_prev), in_sh, out_sh, donate=(1,))

@@ -81,6 +81,17 @@ def bind_step(kind: str, model: Llama, *, layout, token_rows: int):
   return functools.partial(STEPS[kind], model=model, layout=layout, token_rows=token_rows)
 
 
+@functools.lru_cache(maxsize=64)
+def step_function(kind: str, cfg, dtype, attention, param_layout: str, layout,
+                  token_rows: int):
+  """`bind_step` of a Llama(cfg, mode=kind, ...) step, one function object per distinct
+  program: instances on other devices with the same shapes pass jax the same function, whose
+  trace jax then reuses (only the lowering is per instance). Cleared with jax's caches
+  (runner/instance_pool.py)."""
+  model = Llama(cfg, mode=kind, dtype=dtype, attention=attention, layout=param_layout)
+  return bind_step(kind, model, layout=layout, token_rows=token_rows)
+
+
 def gather_pages(kv, page_ids, layers: tuple[int, int] | None = None):
   """kv: (k, v) pools [L, KVH, P, ps, D]; page_ids int32 [n] -> [2, L, KVH, n, ps, D] (with
   layers=(a, b): only those layers, [2, b - a, KVH, n, ps, D])."""

@@ -28,6 +28,7 @@ A runtime failure (jax.errors.JaxRuntimeError) while dispatching or landing is r
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -84,6 +85,7 @@ def _piece_plan(src_devices, dst_tp: int):
   return shardings, [(j % s, src_devices[j // s]) for j in range(dst_tp)]
 
 
+@functools.lru_cache(maxsize=256)   # one function per program: jax reuses its trace
 def gather_function(src_tp: int, dst_tp: int, slots: tuple[int, ...],
                     layers: tuple[int, int] | None = None):
   """The source program's body: (kv pools, page ids [sum(slots)]) -> for each slot (in order),
@@ -138,6 +140,7 @@ def compile_gather(src, b: int, dst_tp: int, layers: tuple[int, int] | None = No
   return compiled, route
 
 
+@functools.lru_cache(maxsize=256)   # one function per program: jax reuses its trace
 def scatter_function(slots: tuple[int, ...], layers: tuple[int, int] | None = None):
   """The destination program's body: (kv pools, pieces, page ids [sum(slots)]) -> kv pools,
   each slot's piece [2, L, KVH, n, ps, D] written at its ids (out-of-range ids dropped; a
