@@ -9,7 +9,8 @@ client with --max_concurrency=4 (all due at once: a closed loop of 4; 64 random 
 64 tokens, greedy, ignore_eos). Prints
 the server's start-up seconds, mean and median ITL (gaps between streamed chunks) and mean
 TTFT as the client sees them; where the time goes inside the server (its trace.json: decode
-steps alone and beside a prefill, the interval between decode steps, the host's phases); and
+steps alone and beside a prefill, the interval between decode steps, the host's phases; ITL
+over that interval is what the HTTP path adds to the engine's own token interval); and
 then, in the same sitting, the engine's step alone (`benchmarks/decode_profile.py --batches=4`
 with the server's pool and block-table sizes) and ITL over it. --layout=none passes no
 model.param_layout (a tree from before the key existed, through PYTHONPATH).
@@ -30,11 +31,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
 
-def step_breakdown(trace_path: str) -> str:
+def step_breakdown(trace_path: str) -> tuple[float, str]:
   """Where a token's time goes inside the server, from its trace.json (engine step spans):
   decode steps' mean length (all, and those that overlapped a prefill step on the other
   instance), the mean interval between decode steps' ends (the engine's token interval) and
-  the host's phases (plan, dispatch, readback) per decode step."""
+  the host's phases (plan, dispatch, readback) per decode step: (that mean interval in ms,
+  the text)."""
   import json
   with open(trace_path) as f:
     events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
@@ -53,12 +55,14 @@ def step_breakdown(trace_path: str) -> str:
     if e["cat"] == "host":
       host.setdefault(e["name"], []).append(e["dur"])
   mean = lambda xs: statistics.mean(xs) / 1e3 if xs else float("nan")
-  return (f"server trace: {len(decode)} decode steps, mean {mean([e['dur'] for e in decode]):.1f} "
-          f"ms ({len(alone)} alone {mean(alone):.1f} ms, {len(mixed)} beside a prefill "
-          f"{mean(mixed):.1f} ms); decode step ends every {mean(gaps):.1f} ms (median "
-          f"{statistics.median(gaps) / 1e3:.1f}); {len(prefill)} prefill steps, "
-          f"{sum(t - s for s, t in prefill) / 1e6:.2f} s; host per step (ms): "
-          + ", ".join(f"{k} {mean(v):.2f}" for k, v in sorted(host.items())))
+  everything = mean([e["dur"] for e in decode])
+  return mean(gaps), (
+      f"server trace: {len(decode)} decode steps, mean {everything:.1f} "
+      f"ms ({len(alone)} alone {mean(alone):.1f} ms, {len(mixed)} beside a prefill "
+      f"{mean(mixed):.1f} ms); decode step ends every {mean(gaps):.1f} ms (median "
+      f"{statistics.median(gaps) / 1e3:.1f}); {len(prefill)} prefill steps, "
+      f"{sum(t - s for s, t in prefill) / 1e6:.2f} s; host per step (ms): "
+      + ", ".join(f"{k} {mean(v):.2f}" for k, v in sorted(host.items())))
 
 
 def ttft_breakdown(requests_path: str) -> str:
@@ -125,13 +129,16 @@ def main() -> None:
   itls = [g for gaps in result["itls"] for g in gaps]
   ttfts = result["ttfts"]
   wall = time.perf_counter() - t1
-  print(step_breakdown(os.path.join(work, "run", "trace.json")))
+  interval_ms, breakdown = step_breakdown(os.path.join(work, "run", "trace.json"))
+  print(breakdown)
   print(ttft_breakdown(os.path.join(work, "run", "requests.jsonl")))
   print(f"pdjax.serve SmolLM2-135M float32 1P+1D TP1, layout {args.layout}, CPU "
         f"{os.cpu_count()} cores: start-up {startup:.1f} s; {args.requests} requests at "
         f"concurrency 4 in {wall:.1f} s; ITL mean {statistics.mean(itls) * 1e3:.1f} ms, "
         f"median {statistics.median(itls) * 1e3:.1f} ms; TTFT mean "
-        f"{statistics.mean(ttfts) * 1e3:.0f} ms")
+        f"{statistics.mean(ttfts) * 1e3:.0f} ms; ITL / the server's own decode step interval "
+        f"{statistics.mean(itls) * 1e3 / interval_ms:.2f}x (the HTTP path's share; the rest "
+        "is the steps themselves)")
   if args.layout != "none":
     step_ms, prefill_ms = step_alone(args.layout)
     print(f"the step alone (decode_profile, batch 4, context 96, the server's 512-page pool "

@@ -7,8 +7,11 @@ Serves the config's mode (colocated, disaggregated; colocated with
 scheduler.colocated_policy=chunked_prefill for chunked prefill; compare, the shipped configs'
 default, serves disaggregated) on the same instances, policies
 and KV transfer as `pdjax.run`: POST /v1/completions and /v1/chat/completions (streaming or
-not), GET /v1/models, /health and /metrics (Prometheus). The driver runs on the wall clock in
-its own thread (pdjax/server/driver_bridge.py). SIGINT / SIGTERM: stop admitting (new requests, on the
+not), GET /v1/models, /health and /metrics (Prometheus). Two processes, as vLLM's API server and
+EngineCore: this one parses, tokenizes and streams over HTTP; the engine-core process
+(pdjax/server/engine_core.py, started with spawn) runs the driver and the instances, and
+sends each step's tokens back in one message, so the HTTP side never holds the driver's GIL.
+SIGINT / SIGTERM: stop admitting (new requests, on the
 socket kept open until the drain ends, get 503 with Retry-After), let requests in flight finish
 for --grace_s, cancel the rest (streams end with finish_reason "abort" and [DONE], whole answers
 with what they have; a second signal cancels at once), then write the run's
@@ -24,10 +27,9 @@ import sys
 from absl import app, flags, logging
 
 from pdjax import config as config_lib
-from pdjax.cli import define_config_and_workdir, fail, parse_flags, use_cpu_devices
-from pdjax.runner.build import ray_cluster_for
-from pdjax.runner.execute import run_info_of, summarize_run
-from pdjax.runner.outputs import default_workdir, write_outputs
+from pdjax.cli import define_config_and_workdir, fail, parse_flags
+from pdjax.runner.outputs import default_workdir
+from pdjax.server.engine_api import error_text
 from pdjax.server.http_server import limit_malloc_arenas, run_name, serve_http
 
 CONFIG, WORKDIR = define_config_and_workdir()   # as pdjax.run's
@@ -55,55 +57,46 @@ def main(argv) -> None:
     if cfg.backend != "jax":
       raise config_lib.ConfigError(f"backend={cfg.backend!r}: the server needs the real engine "
                                    "(backend='jax')")
-    use_cpu_devices(cfg.num_cpu_devices)
-    import jax
-    config_lib.validate(cfg, device_count=jax.device_count())
   except config_lib.ConfigError as e:
     fail(f"config error: {e}")
-  from pdjax.engine.cluster import enable_compile_cache, host_params
+  from pdjax.server.engine_client import EngineClient
+  from pdjax.server.serve_plan import ServePlan
   from pdjax.text.stops import load_text
   from pdjax.text.tokenizer import TextError
 
-  enable_compile_cache(cfg.compile_cache_dir)
   default = default_workdir(flags.FLAGS["config"].config_filename)
   workdir = WORKDIR.value or os.path.join(os.path.dirname(default),
                                           "serve-" + os.path.basename(default))
-  from pdjax.server.startup import Startup
-  startup = Startup()
-  tokenizer, stop_ids = None, tuple(mcfg.eos_token_ids)
+  tokenizer = None   # this process's, for the prompts (the engine process loads its own)
   try:
     if cfg.model.checkpoint or cfg.model.tokenizer:
-      tokenizer, _, stop_ids = load_text(cfg.model.checkpoint, cfg.model.tokenizer, mcfg)
-    params = None
-    if config_lib.launcher(cfg) == "local" or cfg.debug:
-      startup.begin("loading weights", cfg.model.checkpoint or
-                    f"random {cfg.model.preset} weights, seed {cfg.seed}")
-      params = host_params(mcfg, checkpoint=cfg.model.checkpoint, seed=cfg.seed,
-                           dtype=cfg.model.dtype)
-      startup.end()
+      tokenizer, _, _ = load_text(cfg.model.checkpoint, cfg.model.tokenizer, mcfg)
   except (TextError, KeyError, ValueError) as e:
     fail(f"config error: {e.args[0]}")
   name = _NAME.value or cfg.model.checkpoint or cfg.model.preset
   run = run_name(cfg)
   os.makedirs(workdir, exist_ok=True)
-  with ray_cluster_for(cfg) as ray_cluster:
-    engine = serve_http(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir,
-                      startup, host=_HOST.value, port=_PORT.value, grace_s=_GRACE.value)
-    if engine.driver is None:    # stopped, or failed, before it was ready: nothing served
-      engine.close()
-      if engine.error is not None:
-        sys.exit(f"the server failed to start: {type(engine.error).__name__}: {engine.error}")
-      print("stopped while starting: nothing was served", flush=True)
-      return
-    result, error = engine.result, engine.error
-    summary = summarize_run(cfg, run, result, result.instances or engine.instances)
-    summary["run_info"] = run_info_of(cfg, mcfg, run, workload={
-        "kind": "http", "requests": len(result.requests)})
-  write_outputs(workdir, cfg, run, summary, result, requests_written=True)
-  engine.close()
+  engine = EngineClient(ServePlan(cfg, mcfg, run, name, workdir), tokenizer=tokenizer)
+  try:
+    engine.start()     # jax, the devices and the weights, in the engine process
+    if engine.config_error is not None:
+      fail(f"config error: {engine.config_error}")
+    if engine.error is None:
+      serve_http(engine, cfg, mcfg, name, run, host=_HOST.value, port=_PORT.value,
+                 grace_s=_GRACE.value)
+    summary = engine.stop(0.0)   # drained by the server already: no second grace
+  finally:
+    engine.close(0.0)
+  if summary is None:           # the engine process died: requests.jsonl has what ended
+    sys.exit(f"the engine stopped: {error_text(engine.error)}")
+  if not summary["served"]:     # stopped, or failed, before it was ready: nothing served
+    if summary["error"] is not None:
+      sys.exit(f"the server failed to start: {summary['error']}")
+    print("stopped while starting: nothing was served", flush=True)
+    return
   print(f"results: {workdir}", flush=True)
-  if error is not None:   # written what it could; the crash is an error exit
-    sys.exit(f"the engine stopped: {type(error).__name__}: {error}")
+  if summary["error"] is not None:   # written what it could; the crash is an error exit
+    sys.exit(f"the engine stopped: {summary['error']}")
 
 
 def entry_point() -> None:

@@ -9,8 +9,13 @@ control or a tenant's quota rejects it for now (the reason as the message), 503 
 server starts or drains or when no instance can take it, 500 when the engine failed the
 request or stopped (the reason). /health: 200 {"status": "ok"} once ready; 503 "starting"
 (with the stage, and programs compiled of all) before, 503 "draining" / "stopped" after a
-signal; 500 "failed" with the error once the driver thread died. A client that disconnects (mid-stream, or while waiting for a whole answer) has
-its request cancelled at once: its pages are freed on every tier.
+signal; 500 "failed" with the error once the driver thread (or the engine process) died. A
+client that disconnects (mid-stream, or while waiting for a whole answer) has its request
+cancelled at once: its pages are freed on every tier.
+
+`engine` is a DriverBridge (the driver in this process: the tests' fake engines) or an
+EngineClient (pdjax.serve: the driver in the engine-core process); both give the same
+interface (engine_api.py).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdjax.request import Status
 from pdjax.server import protocol
-from pdjax.server.driver_bridge import Draining, EngineStopped, DriverBridge
+from pdjax.server.engine_api import Draining, EngineStopped, error_text
 
 DISCONNECT_POLL_S = 0.5   # a non-streaming request checks for its client this often
 MAX_BODY_BYTES = 4 * 1024 * 1024   # server.max_body_bytes' default: a larger body gets 413
@@ -47,11 +52,12 @@ async def read_body(http: HttpRequest, limit: int) -> bytes:
   return b"".join(chunks)
 
 
-def make_app(engine: DriverBridge, *, model_name: str, max_model_len: int, vocab_size: int,
+def make_app(engine, *, model_name: str, max_model_len: int, vocab_size: int,
              metrics=None, lifespan=None, max_body_bytes: int = MAX_BODY_BYTES,
              api_keys: dict[str, str] | None = None) -> FastAPI:
   """api_keys: {key: tenant} (server.api_keys); when given, /v1/ requests without a valid
-  `Authorization: Bearer` key get 401, and the key's tenant salts and bounds the request."""
+  `Authorization: Bearer` key get 401, and the key's tenant salts and bounds the request.
+  metrics: an in-process engine's ServerMetrics for /metrics (default: the engine's own)."""
   app = FastAPI(title="pdjax", lifespan=lifespan)
   max_prompt_chars = protocol.max_prompt_chars_for(engine.tokenizer, max_model_len)
 
@@ -69,8 +75,7 @@ def make_app(engine: DriverBridge, *, model_name: str, max_model_len: int, vocab
   @app.get("/health")
   async def health():
     if engine.error is not None:   # the driver thread died (logged with its traceback)
-      return JSONResponse({"status": "failed",
-                           "error": f"{type(engine.error).__name__}: {engine.error}"}, 500)
+      return JSONResponse({"status": "failed", "error": error_text(engine.error)}, 500)
     if engine.draining or not engine.alive:
       return JSONResponse({"status": "draining" if engine.alive else "stopped"}, 503)
     if not engine.ready:           # loading, compiling: {"status": "starting", "stage", ...}
@@ -89,15 +94,10 @@ def make_app(engine: DriverBridge, *, model_name: str, max_model_len: int, vocab
 
   @app.get("/metrics")
   async def prometheus():
-    if metrics is None:
-      return Response("", media_type="text/plain")
-    if engine.alive and engine.ready:
-      from pdjax.server.prometheus import engine_state
-      seen = metrics.transfers_seen()
-      future = engine.inbox.call(lambda driver: engine_state(driver, seen))
-      state = await asyncio.wrap_future(future)
-      metrics.update(state)
-    body, content_type = metrics.render()
+    try:
+      body, content_type = await engine.metrics_text(metrics)
+    except EngineStopped as e:
+      return error(protocol.ApiError(503, str(e)))
     return Response(body, media_type=content_type)
 
   async def generate(http: HttpRequest, chat: bool):
@@ -132,8 +132,9 @@ def make_app(engine: DriverBridge, *, model_name: str, max_model_len: int, vocab
     refused = _refusal(engine, first[1]) if first[0] == "end" else None
     if refused is not None:                    # rejected or failed before any text: a status
       return JSONResponse(refused.body(), status_code=refused.status)
-    if first[0] == "error":
-      return JSONResponse(protocol.ApiError(500, first[1]).body(), status_code=500)
+    if first[0] in ("error", "refused"):       # the engine stopped / took no more requests
+      status = 500 if first[0] == "error" else 503
+      return JSONResponse(protocol.ApiError(status, first[1]).body(), status_code=status)
     if g.stream:
       return StreamingResponse(_stream(engine, g, rid, req, first, queue, model_name),
                                media_type="text/event-stream",
@@ -161,7 +162,9 @@ def make_app(engine: DriverBridge, *, model_name: str, max_model_len: int, vocab
       tenant = own if own is not None else (asked or "")
       if engine.error is not None or not engine.alive:
         raise protocol.ApiError(503, "the engine is not running")
-      pages = await asyncio.wrap_future(engine.inbox.call(lambda d: d.flush_tenant(tenant)))
+      pages = await engine.flush_tenant(tenant)
+    except EngineStopped as e:
+      return error(protocol.ApiError(503, str(e)))
     except protocol.ApiError as e:
       return error(e)
     return {"object": "kv.flush", "tenant": tenant, "pages": pages}
@@ -177,21 +180,22 @@ def make_app(engine: DriverBridge, *, model_name: str, max_model_len: int, vocab
   return app
 
 
-def _refusal(engine: DriverBridge, req) -> protocol.ApiError | None:
-  """Why an ended request got no answer (None: it finished, or the shutdown cancelled it: it
-  is answered with what it has and finish_reason "abort", as vLLM does)."""
-  if req.status is Status.FINISHED or (req.status is Status.CANCELLED and engine.draining):
+def _refusal(engine, outcome) -> protocol.ApiError | None:
+  """Why an ended request (engine_api.Outcome) got no answer (None: it finished, or the
+  shutdown cancelled it: it is answered with what it has and finish_reason "abort", as vLLM
+  does)."""
+  status, reason = outcome.status, outcome.reason
+  if status is Status.FINISHED or (status is Status.CANCELLED and engine.draining):
     return None
-  if req.status is Status.REJECTED:   # never servable 400, for now 429, no capacity 503
-    return protocol.ApiError(protocol.refusal_status(req.reason, draining=engine.draining),
-                             req.reason)
-  if req.status is Status.CANCELLED:
-    return protocol.ApiError(503 if engine.draining else 499, req.reason)
-  return protocol.ApiError(500, req.reason or f"request {req.status.value}")
+  if status is Status.REJECTED:   # never servable 400, for now 429, no capacity 503
+    return protocol.ApiError(protocol.refusal_status(reason, draining=engine.draining), reason)
+  if status is Status.CANCELLED:
+    return protocol.ApiError(503 if engine.draining else 499, reason)
+  return protocol.ApiError(500, reason or f"request {status.value}")
 
 
-def _finish_reason(req, stopped: bool) -> str:
-  return "stop" if stopped else (req.finish_reason or "length")
+def _finish_reason(outcome, stopped: bool) -> str:
+  return "stop" if stopped else (outcome.finish_reason or "length")
 
 
 async def _next_event(engine, http, req, queue):
@@ -220,13 +224,14 @@ async def _whole(engine, http, g, rid, req, first, queue, model_name):
     elif event[0] == "error":
       return JSONResponse(protocol.ApiError(500, event[1]).body(), status_code=500)
     else:
-      _, req, stopped = event
-      refused = _refusal(engine, req)
+      _, outcome, stopped = event
+      refused = _refusal(engine, outcome)
       if refused is not None:
         return JSONResponse(refused.body(), status_code=refused.status)
       text = "".join(pieces)
-      reason = "abort" if req.status is Status.CANCELLED else _finish_reason(req, stopped)
-      return protocol.response(g, rid, model_name, text, reason, len(req.output_ids),
+      reason = ("abort" if outcome.status is Status.CANCELLED
+                else _finish_reason(outcome, stopped))
+      return protocol.response(g, rid, model_name, text, reason, len(outcome.output_ids),
                                token_ids=ids or None)
 
 
@@ -248,16 +253,17 @@ async def _stream(engine, g, rid, req, event, queue, model_name):
       if event[0] == "error":
         yield _sse(protocol.ApiError(500, event[1]).body())
         break
-      _, req, stopped = event
-      refused = _refusal(engine, req)
+      _, outcome, stopped = event
+      refused = _refusal(engine, outcome)
       if refused is not None:
         yield _sse(refused.body())
         break
-      reason = "abort" if req.status is Status.CANCELLED else _finish_reason(req, stopped)
+      reason = ("abort" if outcome.status is Status.CANCELLED
+                else _finish_reason(outcome, stopped))
       yield _sse(protocol.chunk(g, rid, model_name, "" if first else None, reason,
                                 first=first))
       if g.include_usage:
-        yield _sse(protocol.usage_chunk(g, rid, model_name, len(req.output_ids)))
+        yield _sse(protocol.usage_chunk(g, rid, model_name, len(outcome.output_ids)))
       break
     yield "data: [DONE]\n\n"
   finally:

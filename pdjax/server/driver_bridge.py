@@ -6,9 +6,9 @@ the asyncio loop of the HTTP handlers. Pure Python (instances are built by the c
          ▲                                                        │ on_token / on_finish
          └──── asyncio.Queue per request ◄── loop.call_soon_threadsafe ┘
 
-Events a handler receives: ("text", piece, tokens so far, token ids or None) and, last,
-("end", request, ended by a stop string). Without a tokenizer the pieces are empty and carry
-the token ids instead (the chunks' "token_ids").
+The events a handler receives are engine_api's (last: ("end", Outcome, ended by a stop
+string)). In the engine-core process (engine_core.py) the same bridge sends each request's
+events to the link back to the HTTP process instead (`submit_to` with a sink).
 Draining (shutdown): no new request is taken (`draining`); `abort_all` cancels what is left
 (reason "cancelled by the client (shutdown)"); `detach` drops every handler's queue before the
 handlers' loop closes (the driver never touches a closed loop: sends happen under the lock that
@@ -35,41 +35,42 @@ from pdjax.request import Request, SamplingParams, Status
 from pdjax.scheduler.driver import RunResult
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.inbox import Inbox
+from pdjax.server.engine_api import Draining, EngineStopped, Outcome, stopped_reason
 from pdjax.server.startup import Startup, StartupCancelled
 from pdjax.server.text_stream import CONTEXT_TOKENS, TextStream
-
 
 logger = logging.getLogger(__name__)
 
 
-class Draining(Exception):
-  """The server is shutting down (or still starting): no new request is taken (503)."""
-
-
-class EngineStopped(Exception):
-  """The driver thread died: no request can be served any more (500)."""
-
-
 class _Channel:
-  def __init__(self, loop, queue: asyncio.Queue, stream: TextStream):
-    self.loop, self.queue, self.stream = loop, queue, stream
+  """Where a request's events go: send(event), called with the engine's lock held (see
+  DriverBridge.detach); and its text so far (None without a tokenizer)."""
 
-  def send(self, event) -> None:
-    """Called with the engine's lock held (see DriverBridge.detach)."""
-    if not self.loop.is_closed():   # a loop closed under a detached engine: nobody listens
-      self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+  def __init__(self, send, stream: TextStream | None):
+    self.send, self.stream = send, stream
+
+
+def queue_sink(loop, queue: asyncio.Queue):
+  """send(event) onto an asyncio queue from another thread."""
+  def send(event) -> None:
+    if not loop.is_closed():   # a loop closed under a detached engine: nobody listens
+      loop.call_soon_threadsafe(queue.put_nowait, event)
+  return send
 
 
 class DriverBridge:
 
   def __init__(self, mode: str, instances: list, *, tokenizer, eos_ids: tuple[int, ...],
-               metrics=None, requests_path: str | None = None, **serve_kwargs):
+               metrics=None, requests_path: str | None = None, inbox: Inbox | None = None,
+               clock: WallClock | None = None, on_exit=None, **serve_kwargs):
     """serve_kwargs: what serve_requests.make_driver takes besides the clock (policies, injector,
     transfer_fn, DriverOptions overrides). requests_path: where each request's requests.jsonl
-    line is written as it ends (default: nowhere)."""
+    line is written as it ends (default: nowhere). inbox: the driver's (default a plain Inbox);
+    clock: the run's (default a WallClock from now). on_exit(): called on the driver's thread
+    as it ends (served, cancelled or crashed)."""
     self.mode, self.instances, self.tokenizer, self.eos_ids = mode, instances, tokenizer, eos_ids
     self.metrics = metrics
-    self.clock = WallClock()
+    self.clock = WallClock() if clock is None else clock
     self._spill = tempfile.TemporaryDirectory(prefix="pdjax-serve-")
     # (closed by close(), once the run's outputs are written)
     self._records = open(requests_path, "w") if requests_path else None  # pylint: disable=R1732
@@ -79,7 +80,8 @@ class DriverBridge:
     self._ready_event = threading.Event()   # set once ready (tests wait on it)
     if self.driver is not None:
       self._ready_event.set()
-    self.inbox = Inbox()
+    self.inbox = Inbox() if inbox is None else inbox
+    self._on_exit = on_exit
     self.draining = False
     self.result = None          # the RunResult, once the thread ended
     self.error: BaseException | None = None
@@ -127,13 +129,16 @@ class DriverBridge:
       serve_requests.check_end_state(self.result, self.result.instances or self.instances)
     except BaseException as e:  # pylint: disable=broad-except  (re-raised by stop())
       self._crashed(e)
+    finally:
+      if self._on_exit is not None:
+        self._on_exit()
 
   def _crashed(self, e: BaseException) -> None:
     """The driver thread died: logged once with its traceback; every request not yet terminal
     fails with the reason (its handler answers 500); `result` holds what can still be written
     (the requests, the records so far). `/health` answers 500 and the server exits non-zero."""
     logger.error("the driver thread died:\n%s", "".join(traceback.format_exception(e)).rstrip())
-    reason = f"the engine stopped: {type(e).__name__}: {e}"
+    reason = stopped_reason(e)
     now = self.clock.now()
     d = self.driver
     if d is None:              # it died starting: nothing was served
@@ -160,18 +165,19 @@ class DriverBridge:
 
   def submit(self, rid: str, g, queue: asyncio.Queue, arrival_s: float | None = None) -> Request:
     """Hands a checked request (protocol.Generation) to the driver; its events arrive on
-    `queue`. arrival_s: when the server received it (default now), on `clock`. Raises
-    Draining once shutdown began."""
+    `queue` (of the running loop). arrival_s: when the server received it (default now), on
+    `clock`. Raises Draining once shutdown began, EngineStopped once the driver died."""
+    return self.submit_to(rid, g, queue_sink(asyncio.get_running_loop(), queue), arrival_s)
+
+  def submit_to(self, rid: str, g, send, arrival_s: float | None = None) -> Request:
+    """submit, with the request's events handed to send(event) on the driver's thread."""
     if self.error is not None:
-      raise EngineStopped(f"the engine stopped: {type(self.error).__name__}: {self.error}")
+      raise EngineStopped(stopped_reason(self.error))
     if self.draining or not self.alive:
       raise Draining("the server is shutting down")
     if not self.ready:
-      progress = self.startup.describe() if self.startup else {}
-      stage = progress.get("stage", "starting")
-      if "total" in progress:
-        stage += f" {progress['done']}/{progress['total']}"
-      raise Draining(f"the server is starting ({stage})")
+      raise Draining(self.startup.waiting_message() if self.startup
+                     else "the server is starting (starting)")
     arrival_s = self.clock.now() if arrival_s is None else arrival_s
     req = Request(id=rid, arrival_s=arrival_s, prompt_ids=list(g.prompt_ids),
                   sampling=SamplingParams(temperature=g.temperature, max_new_tokens=g.max_tokens,
@@ -181,7 +187,7 @@ class DriverBridge:
     stream = (TextStream(self.tokenizer, g.stop, req.eos_ids,
                          context=g.prompt_ids[-CONTEXT_TOKENS:]) if self.tokenizer else None)
     with self._lock:
-      self._channels[id(req)] = _Channel(asyncio.get_running_loop(), queue, stream)
+      self._channels[id(req)] = _Channel(send, stream)
       self._live[id(req)] = req
     try:
       self.inbox.submit(req)
@@ -199,6 +205,27 @@ class DriverBridge:
   def live_requests(self) -> int:
     with self._lock:
       return len(self._live)
+
+  async def flush_tenant(self, tenant: str) -> int:
+    """POST /v1/kv/flush: the tenant's KV forgotten on the driver's thread; the pages."""
+    return await asyncio.wrap_future(self.inbox.call(lambda d: d.flush_tenant(tenant)))
+
+  async def metrics_text(self, metrics=None) -> tuple[bytes | str, str]:
+    """GET /metrics: (body, content type) of `metrics` (default the engine's own), its
+    gauges and counters updated from a snapshot taken on the driver's thread."""
+    metrics = self.metrics if metrics is None else metrics
+    if metrics is None:
+      return "", "text/plain"
+    if self.alive and self.ready:
+      metrics.update(await asyncio.wrap_future(self.inbox.call(self.engine_state_of(metrics))))
+    return metrics.render()
+
+  @staticmethod
+  def engine_state_of(metrics):
+    """fn(driver) -> the EngineState `metrics` has not folded yet (for Inbox.call)."""
+    from pdjax.server.prometheus import engine_state
+    seen = metrics.transfers_seen()
+    return lambda driver: engine_state(driver, seen)
 
   # ---- driver side (the driver's thread: Driver.run's listener) -------------------------------
 
@@ -228,7 +255,7 @@ class DriverBridge:
       rest = ch.stream.finish() if ch.stream else ""
       if rest:
         ch.send(("text", rest, len(req.output_ids), None))
-      ch.send(("end", req, bool(ch.stream and ch.stream.stopped)))
+      ch.send(("end", Outcome.of(req), bool(ch.stream and ch.stream.stopped)))
 
   def _write(self, req: Request) -> None:
     if self._records is not None:

@@ -1,8 +1,8 @@
-"""pdjax.serve's HTTP server: the engine's thread built behind an open socket (serve_http), and
-uvicorn's server made to drain on a signal (DrainingServer, RetryAfter): stop admitting (503
-with Retry-After on the socket kept open), let requests in flight finish for grace_s, cancel
-the rest (finish_reason "abort"), and only then close. Also what the command sets up around
-it: the malloc arena cap and the name of the run served."""
+"""pdjax.serve's HTTP server: the engine-core process started and served over HTTP
+(serve_http), and uvicorn's server made to drain on a signal (DrainingServer, RetryAfter):
+stop admitting (503 with Retry-After on the socket kept open), let requests in flight finish
+for grace_s, cancel the rest (finish_reason "abort"), and only then close. Also what the
+command sets up around it: the malloc arena cap and the name of the run served."""
 
 from __future__ import annotations
 
@@ -16,17 +16,15 @@ import time
 
 import uvicorn
 
-from pdjax.runner.build import build_run
 from pdjax.server import protocol
 from pdjax.server.app import make_app
-from pdjax.server.driver_bridge import DriverBridge
-from pdjax.server.prometheus import ServerMetrics
+from pdjax.server.engine_api import SWITCH_INTERVAL_S
 
-SWITCH_INTERVAL_S = 0.0005
 # glibc gives each thread that contends for the heap its own arena (up to 8 per core), and
 # memory freed in an arena stays with it: with the HTTP loop, the driver, the parsing threads
 # and XLA's pools, resident memory crept up ~35 MiB over the first few thousand requests
-# before it levelled off (benchmarks/server_soak.py); two arenas keep it flat.
+# before it levelled off (benchmarks/server_soak.py); two arenas keep it flat (set in both
+# processes).
 MALLOC_ARENA_MAX = 2
 # After the grace period: how long the cancelled requests' last events and the responses' last
 # bytes may take before uvicorn cancels what is left.
@@ -56,29 +54,14 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENA_MAX) -> bool:
 M_ARENA_MAX = -8   # glibc's malloc.h
 
 
-def serve_http(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, workdir, startup,
-               *, host: str, port: int, grace_s: float):
-  """Opens the HTTP server at once and builds the instances on the engine's thread (compiling:
-  `startup` reports, /health says "starting"), serves until a signal, then drains. Returns
-  the engine: its `result` (None when stopped before it was ready) and `error` (the driver
-  thread's crash). requests.jsonl is written into workdir as requests end."""
-    # The driver thread and the HTTP event loop share the GIL: hand it over every 0.5 ms, not
-  # Python's default 5 ms, so a token reaches its stream without waiting out a busy driver.
+def serve_http(engine, cfg, mcfg, name: str, run: str, *, host: str, port: int,
+               grace_s: float) -> None:
+  """Serves the configured engine (an EngineClient whose process compiles meanwhile: /health
+  says "starting") on host:port until a signal, then drains; the engine's process is then
+  told to stop (engine.stop), which writes the run's outputs."""
   sys.setswitchinterval(SWITCH_INTERVAL_S)
-
-  def build():
-    startup.begin("compiling programs")
-    return build_run(cfg, mcfg, run, params, ray_cluster, progress=startup.program)
-
-  metrics = ServerMetrics(model_name=name)
-  engine = DriverBridge.starting(build, startup, tokenizer=tokenizer, eos_ids=stop_ids,
-                                 metrics=metrics,
-                                 requests_path=os.path.join(workdir, "requests.jsonl"))
-  startup.cancelled = lambda: engine.draining   # a signal while compiling: stop there
-  engine.start()
   web = make_app(engine, model_name=name, max_model_len=cfg.kv.max_model_len,
-                 vocab_size=mcfg.vocab_size, metrics=metrics,
-                 max_body_bytes=int(cfg.server.max_body_bytes),
+                 vocab_size=mcfg.vocab_size, max_body_bytes=int(cfg.server.max_body_bytes),
                  api_keys=(protocol.load_api_keys(cfg.server.api_keys)
                            if cfg.server.get("api_keys") else None))
   web = RetryAfter(web)
@@ -91,10 +74,7 @@ def serve_http(cfg, mcfg, run, params, ray_cluster, tokenizer, stop_ids, name, w
   try:
     server.run()
   finally:
-    engine.detach()       # the loop is closed: the driver must not send to it
-  if engine.error is None:   # (a crash was logged, its requests failed: engine.result holds)
-    engine.stop(0.0)         # drained by the server already: no second grace
-  return engine
+    engine.detach()       # the loop is closed: nothing is handed to it any more
 
 
 class DrainingServer(uvicorn.Server):

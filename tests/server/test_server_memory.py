@@ -1,8 +1,9 @@
 """Issue 25: a long-lived `pdjax.serve` keeps its memory flat. 3,000 streamed requests through
 a server on the tiny preset (disaggregated, so every request also leaves a transfer record):
-the server process's resident memory grows less than 20 MB between request 1,000 and 3,000
-(every request was held twice, with a dict per step, sample and transfer: ~30 MB over those
-2,000 requests on main before), and requests.jsonl holds each request, written as it ended.
+the server's resident memory (its HTTP and engine-core processes) grows less than 20 MB
+between request 1,000 and 3,000 (every request was held twice, with a dict per step, sample
+and transfer: ~30 MB over those 2,000 requests on main before), and requests.jsonl holds each
+request, written as it ended.
 
 The load is a closed loop of CONCURRENCY clients (each sends its next request when its last
 one ended), not arrivals at a fixed rate: on a loaded machine an open loop piles requests up,
@@ -27,12 +28,23 @@ TOTAL, CONCURRENCY, PROMPT, OUTPUT = 3000, 8, 32, 16
 MARKS = (1000, 3000)
 
 
-def _rss_bytes(pid: int) -> int:
+def _own_rss_bytes(pid: int) -> int:
   with open(f"/proc/{pid}/status") as f:
     for line in f:
       if line.startswith("VmRSS:"):
         return int(line.split()[1]) * 1024
   raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def _children(pid: int) -> list[int]:
+  with open(f"/proc/{pid}/task/{pid}/children") as f:
+    return [int(c) for c in f.read().split()]
+
+
+def _rss_bytes(pid: int) -> int:
+  """The server's resident memory: the HTTP process and its children (the engine-core process,
+  which holds the driver and the engine since issue 45)."""
+  return _own_rss_bytes(pid) + sum(_own_rss_bytes(c) for c in _children(pid))
 
 
 async def _stream_one(client: httpx.AsyncClient, url: str, prompt: list[int]) -> bool:
