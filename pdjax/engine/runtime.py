@@ -86,6 +86,12 @@ class CompilingProgram:
       self._compiled, _ = self._future.result()
     return self._compiled
 
+  def __getattr__(self, name: str):
+    """The executable's own attributes (as_text, cost_analysis, ...), once compiled."""
+    if name.startswith("__"):
+      raise AttributeError(name)
+    return getattr(self.wait(), name)
+
   def __call__(self, *args):
     compiled = self._compiled
     if compiled is None:

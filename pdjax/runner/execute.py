@@ -110,8 +110,9 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   if summarize:
     summary = summarize_run(cfg, run, result, result.instances or instances, problems)
     summary["run_info"] = run_info_of(cfg, mcfg, run, requests=len(requests))
-    from pdjax.metrics.process import process_footprint
-    summary["process"] = process_footprint()   # after the run: a command must not grow
+    if cfg.backend != "sim":   # (the simulator's outputs are deterministic, byte for byte)
+      from pdjax.metrics.process import process_footprint
+      summary["process"] = process_footprint()   # after the run: a command must not grow
   if ray_cluster is not None:
     ray_cluster.release(instances)   # their processes end; the next run starts its own
     ray_cluster.clear_store()        # (and its own host tier)

@@ -3,7 +3,8 @@ process (issue 45): it finishes; every run ends with every request finished and 
 leaked; each placement is built once for all 15 runs (colocated and chunked share the 4xTP2
 instances, repeats share everything, so the programs built for repeats=5 are those of
 repeats=1); the process does not grow from run to run (memory maps and resident memory
-recorded in each run's summary.json); and the table it prints has the rows the README shows."""
+recorded in each run's summary.json); the three modes serve the same tokens (greedy, float32);
+every run folder holds its files; and the table it prints has the rows the README shows."""
 
 import json
 import os
@@ -16,6 +17,8 @@ from helpers.paths import ROOT
 from pdjax.metrics.compare import table_rows
 
 MODES = ("colocated", "chunked", "disaggregated")
+REQUEST_FIELDS = {"id", "status", "prompt_len", "output_ids", "ttft_s", "tpot_s", "e2e_s", "path",
+                  "prefill_instance", "decode_instance", "transfer_bytes", "transfer_s"}
 REQUESTS = 12
 # Programs per placement with the default config: 3 prefill + 3 decode buckets per instance;
 # 4 colocated instances: 24. Disaggregated: the same 6 per instance, and 8 transfer buckets
@@ -77,3 +80,43 @@ def test_the_printed_table_has_the_readme_rows(main_job):
   _, stdout, _ = main_job
   readme = (ROOT / "README.md").read_text()
   assert table_rows(stdout) == table_rows(readme)
+
+
+@pytest.mark.slow
+def test_every_run_writes_its_folder_and_the_modes_serve_the_same_tokens(main_job):
+  workdir, stdout, summaries = main_job
+  assert "TTFT p50 (ms)" in stdout and f"results: {workdir}" in stdout
+  assert sorted(os.listdir(workdir)) == ["chunked", "colocated", "compare.md", "disaggregated",
+                                         "plots"]
+  assert "## Conclusion" in (workdir / "compare.md").read_text()
+  assert "net" in (workdir / "compare.md").read_text()
+  for k in range(5):
+    outputs = {}
+    for mode in MODES:
+      d = workdir / mode / f"repeat-{k}"
+      assert sorted(os.listdir(d)) == ["config.json", "plots", "report.md", "requests.jsonl",
+                                       "summary.json", "trace.json"]
+      assert sorted(os.listdir(d / "plots")) == ["latency_cdf.png", "tier_timeline.png"]
+      trace = json.loads((d / "trace.json").read_text())
+      assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {
+          "queue", "prefill", "decode"}
+      summary = summaries[mode, k]
+      assert summary["mode"] == mode
+      for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        assert set(summary[key]) == {"mean", "p50", "p90", "p99"}
+      assert set(summary["kv_transfer"]) == {"count", "bytes", "mean_s", "p99_s", "failures",
+                                             "exposed_mean_s", "exposed_p99_s"}
+      rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()]
+      assert len(rows) == REQUESTS and all(REQUEST_FIELDS <= set(r) for r in rows)
+      assert {r["path"] for r in rows} == {"disaggregated" if mode == "disaggregated"
+                                           else "colocated"}
+      assert json.loads((d / "config.json").read_text())["mode"] == mode
+      assert json.loads((d / "config.json").read_text())["seed"] == k
+      outputs[mode] = [r["output_ids"] for r in rows]
+    moved = [r for r in rows if r["decode_instance"]]   # the disaggregated run's rows
+    assert summary["kv_transfer"]["count"] == len(moved) == REQUESTS
+    assert summary["kv_transfer"]["bytes"] == sum(r["transfer_bytes"] for r in moved)
+    # the same workload (its seed), greedy, float32: the same tokens in every mode, chunked
+    # prefill computing prompts in 256-token chunks mixed with decode rows
+    assert outputs["colocated"] == outputs["chunked"] == outputs["disaggregated"], k
+    assert all(len(r) > 0 for r in outputs["chunked"])
