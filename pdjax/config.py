@@ -429,9 +429,10 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(cfg.slo.tpot_s > 0, "slo.tpot_s", cfg.slo.tpot_s, "must be > 0")
   _require(0 < cfg.slo.attainment <= 1, "slo.attainment", cfg.slo.attainment,
            "must be in (0, 1]")
-  workers = cfg.get("plan", {}).get("workers", 0)
-  _require(type(workers) is int and workers >= 0, "plan.workers", workers,
-           "must be an integer >= 0 (0: one process per core, 1: in-process)")
+  for key, auto in (("plan", "one process per core"), ("sim", "as many as keep the cores busy")):
+    workers = cfg.get(key, {}).get("workers", 0)
+    _require(type(workers) is int and workers >= 0, f"{key}.workers", workers,
+             f"must be an integer >= 0 (0: {auto}, 1: in-process)")
   return mcfg
 
 

@@ -92,6 +92,10 @@ class Request:
     return len(self.prompt_ids)
 
   @property
+  def output_len(self) -> int:
+    return len(self.output_ids)
+
+  @property
   def max_len(self) -> int:
     """Tokens the KV cache must hold for this request at the most."""
     return self.prompt_len + self.sampling.max_new_tokens

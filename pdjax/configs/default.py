@@ -188,6 +188,9 @@ def get_config(arg=None):
                                            #   per step (identical results, faster)
   c.sim.remesh_compile_s = 1.0             # a re-meshed instance's program load (compile cache);
                                            #   a calibrated profile's measured one replaces it
+  c.sim.workers = 0                        # processes for a command's runs, modes x repeats (0:
+                                           #   enough to keep the cores busy, in-process under
+                                           #   2,000 requests; 1: in-process); same outputs
 
   c.plan = ml_collections.ConfigDict()     # python -m pdjax.plan (always on the simulator)
   c.plan.chip_budget = 8                   # chips to place prefill/decode/colocated instances on

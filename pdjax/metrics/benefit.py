@@ -31,7 +31,7 @@ def request_benefit(colo: Request, disagg: Request) -> dict | None:
     return None
   saved = colo.ttft_s - disagg.ttft_s
   transfer = float(disagg.transfer_s)
-  out_len = len(disagg.output_ids)
+  out_len = disagg.output_len
   if out_len <= 1 or colo.tpot_s is None or disagg.tpot_s is None:
     extra = 0.0
   else:

@@ -1,29 +1,22 @@
 """The planner's process pool: independent searches (a map's walks, a plan's rate searches) in
 plan.workers processes (0: one per core, os.cpu_count(); 1: in-process), results in the order
-given, never in the order they finish, so nothing written depends on the pool's size.
+given (pdjax/process_pool.py), so nothing written depends on the pool's size.
 
-Processes are spawned (no fork of a parent that may hold threads) and each writes a trace's
-resampled rows (workload_mix.TraceLengths.workload) in its own temporary folder, removed at the
-end. A worker's exception is raised here with its remote traceback (concurrent.futures); the
-searches not yet started are cancelled.
+Each process writes a trace's resampled rows (workload_mix.TraceLengths.workload) in its own
+temporary folder, removed at the end.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 
+from pdjax import process_pool
 from pdjax.planning import workload_mix
+from pdjax.process_pool import pool_size
 
-
-def pool_size(workers: int, tasks: int) -> int:
-  """plan.workers (0: os.cpu_count()) capped at the number of tasks; 1: in-process."""
-  return max(1, min(workers or os.cpu_count() or 1, tasks))
+__all__ = ["pool_size", "run_in_order"]
 
 
 def _start(folder: str) -> None:
@@ -33,20 +26,11 @@ def _start(folder: str) -> None:
 def run_in_order(fn: Callable, items: Sequence, workers: int, what: str = "searches") -> list:
   """[fn(item) for item in items], in a pool of pool_size(workers, len(items)) processes (fn and
   the items picklable) or in-process."""
-  n = pool_size(workers, len(items))
-  if n == 1:
-    return [fn(item) for item in items]
-  print(f"{len(items)} {what} on {n} processes", file=sys.stderr, flush=True)
+  if pool_size(workers, len(items)) == 1:
+    return process_pool.run_in_order(fn, items, 1)
   folder = tempfile.mkdtemp(prefix="pdjax-plan-")
   try:
-    with ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=_start,
-                             initargs=(folder,)) as pool:
-      futures = [pool.submit(fn, item) for item in items]
-      try:
-        return [f.result() for f in futures]
-      except BaseException:
-        for f in futures:
-          f.cancel()
-        raise
+    return process_pool.run_in_order(fn, items, workers, what, initializer=_start,
+                                     initargs=(folder,))
   finally:
     shutil.rmtree(folder, ignore_errors=True)
