@@ -62,7 +62,9 @@ def block(stdout: str, bullets: list[str], wall: float, cpu: float, cache: str) 
 
 def main() -> None:
   extra = [a for a in sys.argv[1:] if a != "--"]
-  cache = os.path.expanduser("~/.cache/pdjax/xla")
+  cache = os.path.expanduser(next((a.split("=", 1)[1] for a in extra
+                                   if a.startswith("--config.compile_cache_dir=")),
+                                  "~/.cache/pdjax/xla"))
   state = "warm" if os.path.isdir(cache) and os.listdir(cache) else "cold"
   with tempfile.TemporaryDirectory() as tmp:
     workdir = os.path.join(tmp, "run")
