@@ -1,5 +1,5 @@
 """What the engine takes from the JAX runtime: its failures as `DeviceError`, whether a
-program was compiled by XLA or served by a compilation cache, and compiles run on every core
+program was compiled by XLA or served by a compilation cache, and compiles on a compile thread
 (`compile_in_background`: XLA compiles one program while Python lowers the next).
 
 `device_errors()` turns `jax.errors.JaxRuntimeError` (a failed dispatch, or a step whose result
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
 import threading
 
 import jax
@@ -61,14 +60,18 @@ def compile_lowered(lowered) -> tuple[object, bool]:
   return compiled, BACKEND_COMPILE_EVENT in seen and CACHE_HIT_EVENT not in seen
 
 
+# One compile thread: XLA's CPU compiles already use the cores (two concurrent compiles were
+# slower than one at a time on 2 cores: benchmarks/build_time.py); the thread still lets the
+# next program lower while this one compiles.
+COMPILE_THREADS = 1
 _COMPILERS: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def _compilers() -> concurrent.futures.ThreadPoolExecutor:
-  """One compile thread per core (XLA's compile releases the GIL), made on first use."""
+  """The compile thread(s) (XLA's compile releases the GIL), made on first use."""
   global _COMPILERS
   if _COMPILERS is None:
-    _COMPILERS = concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1,
+    _COMPILERS = concurrent.futures.ThreadPoolExecutor(COMPILE_THREADS,
                                                        thread_name_prefix="pdjax-compile")
   return _COMPILERS
 
