@@ -213,7 +213,7 @@ class Instance:
               receive: bool = False, on_program=None, wait: bool = True) -> None:
     """Compiles every bucket of the programs this instance's role needs. on_program(what) is
     called after each one (start-up progress; `warm_up_programs` counts them). Programs
-    compile on the compile threads while the next ones lower; wait=False returns before the
+    compile on the compile thread while the next ones lower; wait=False returns before the
     last ones have (the caller's `finish_compiles` waits: engine/cluster.py overlaps one
     instance's compiles with the next one's lowering)."""
     o = self.opts
@@ -221,7 +221,7 @@ class Instance:
     steps = [(kind, n) for kind, on, buckets in (("prefill", prefill, o.prefill_buckets),
                                                  ("decode", decode, o.decode_buckets))
              if on and not o.lazy_compile for n in buckets]
-    for kind, n in steps:   # lowered here, compiling on the compile threads
+    for kind, n in steps:   # lowered here, compiling on the compile thread
       self._program(kind, n)
     for kind, n in steps:
       self._run_once(self._program(kind, n), self._padding_batch(kind, n))

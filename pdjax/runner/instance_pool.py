@@ -92,7 +92,7 @@ class InstancePool:
 
 def _return_freed_heap() -> None:
   """glibc keeps freed heap pages in its arenas (one per thread that allocated: XLA's and the
-  compile threads'); malloc_trim gives them back, so the last run's records and pools do not
+  compile thread'); malloc_trim gives them back, so the last run's records and pools do not
   stay resident under the next run's. Elsewhere: nothing."""
   try:
     import ctypes
