@@ -32,7 +32,10 @@ def _ids(cases):
 
 
 def _variant_cases():
-  cases = [pytest.param("gpu", *c, id="gpu-" + i) for c, i in zip(PRODUCT, _ids(PRODUCT))]
+  # the fast tier (`-m "not slow"`) runs the subset in both variants, CI the GPU product too
+  cases = [pytest.param("gpu", *c, id="gpu-" + i,
+                        marks=() if c in TPU_SUBSET else (pytest.mark.slow,))
+           for c, i in zip(PRODUCT, _ids(PRODUCT))]
   for c, i in zip(PRODUCT, _ids(PRODUCT)):
     marks = () if c in TPU_SUBSET else (pytest.mark.slow, pytest.mark.tpu_full)
     cases.append(pytest.param("tpu", *c, id="tpu-" + i, marks=marks))

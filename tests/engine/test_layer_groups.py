@@ -52,7 +52,8 @@ def _prefill_and_send(cfg, params, src_tp, dst_tp, groups):
   return tokens, pools[0], pools[1], [r.bytes for r in results]
 
 
-@pytest.mark.parametrize("src_tp,dst_tp", [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("src_tp,dst_tp", [(1, 1), pytest.param(2, 1, marks=pytest.mark.slow),
+                                           pytest.param(1, 2, marks=pytest.mark.slow)])
 def test_streamed_prefill_equals_the_one_program_prefill_and_transfer(tiny_model, src_tp,
                                                                        dst_tp):
   cfg, params = tiny_model
@@ -67,6 +68,7 @@ def test_streamed_prefill_equals_the_one_program_prefill_and_transfer(tiny_model
     assert got[3] == base[3]                         # the same bytes moved in all
 
 
+@pytest.mark.slow
 def test_calibration_measures_the_streamed_steps_extra_time_per_group(tiny_model):
   """pdjax.calibrate's stream_group_s (engine/stream_timing.py): the largest prefill bucket
   that fits, one program vs. the model's layers as groups streaming to a decode instance, on
@@ -93,6 +95,7 @@ def test_streams_need_stream_layers(tiny_model):
     src.prefill([(PROMPTS[1], 0, pages, 0.0, 0, 1.0)], streams=[(dst, pages, pages)])
 
 
+@pytest.mark.slow
 def test_a_middle_group_and_uneven_groups_on_three_layers(tiny_model):
   """Three layers: G=2 (groups of 2 and 1 layers) and G=3 (a middle group taking and
   returning the hidden state) equal the one-program prefill, TP2 -> TP1."""

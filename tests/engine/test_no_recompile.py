@@ -2,6 +2,7 @@
 lowering or backend compile, and the compile count equals the bucket arithmetic."""
 
 import jax
+import pytest
 from jax import monitoring
 
 from conftest import tiny_engine_options
@@ -10,6 +11,7 @@ from pdjax.engine.cluster import build_instances
 from pdjax.request import Request, SamplingParams, Status
 
 
+@pytest.mark.slow
 def test_no_compiles_after_warm_up(tiny_model):
   cfg, params = tiny_model
   opts = tiny_engine_options()

@@ -19,7 +19,11 @@ def _fill_pool(inst, seed):
   return k, v
 
 
-@pytest.mark.parametrize("src_tp,dst_tp", [(2, 2), (4, 2), (1, 2), (2, 4), (1, 1)])
+SLOW = pytest.mark.slow   # each case builds two instances: the fast tier keeps the first
+@pytest.mark.parametrize("src_tp,dst_tp", [(2, 2), pytest.param(4, 2, marks=SLOW),
+                                           pytest.param(1, 2, marks=SLOW),
+                                           pytest.param(2, 4, marks=SLOW),
+                                           pytest.param(1, 1, marks=SLOW)])
 def test_transfer_moves_exact_pages_without_host_copy(tiny_model, monkeypatch, src_tp, dst_tp):
   cfg, params = tiny_model
   src, dst = build_instances([("prefill", 1, src_tp), ("decode", 1, dst_tp)], cfg, params,
@@ -67,7 +71,9 @@ class _Counted:
     return self.fn(*args)
 
 
-@pytest.mark.parametrize("src_tp,dst_tp,k", [(2, 2, 37), (4, 2, 7), (1, 2, 12), (2, 2, 1)])
+@pytest.mark.parametrize("src_tp,dst_tp,k", [(2, 2, 37), pytest.param(4, 2, 7, marks=SLOW),
+                                             pytest.param(1, 2, 12, marks=SLOW),
+                                             pytest.param(2, 2, 1, marks=SLOW)])
 def test_a_transfer_is_one_gather_one_copy_one_scatter(tiny_model, monkeypatch, src_tp, dst_tp,
                                                          k):
   """Whatever the number of bucket pieces (37 = 32 + 4 + 1), a transfer dispatches one gather

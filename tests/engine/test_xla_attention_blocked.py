@@ -27,6 +27,7 @@ ragged_xla = jax.jit(kernels_pallas.ragged_paged_attention_xla)
 # (page_size, head_dim, gqa, dtype); "small" blocks are one page, so every case walks many.
 CASES = [(8, 64, 1, jnp.float32), (16, 128, 4, jnp.float32), (32, 64, 8, jnp.float32),
          (16, 64, 4, jnp.bfloat16), (8, 128, 8, jnp.bfloat16)]
+FAST_CASES = CASES[:2]   # the fast tier's share of the product; CI runs all of it
 BLOCKS = ["small", "default"]
 
 
@@ -94,7 +95,9 @@ def _ragged_args(seed, page_size, head_dim, gqa, dtype):
 
 
 @pytest.mark.parametrize("blocks", BLOCKS, indirect=True)
-@pytest.mark.parametrize("page_size,head_dim,gqa,dtype", CASES, ids=_ids(CASES))
+@pytest.mark.parametrize("page_size,head_dim,gqa,dtype", [
+    pytest.param(*c, id=i, marks=() if c in FAST_CASES else (pytest.mark.slow,))
+    for c, i in zip(CASES, _ids(CASES))])
 def test_decode_matches_reference(blocks, page_size, head_dim, gqa, dtype):
   args, ref = _decode(page_size, head_dim, gqa, dtype)
   out = decode_xla(*args)
@@ -103,7 +106,9 @@ def test_decode_matches_reference(blocks, page_size, head_dim, gqa, dtype):
 
 
 @pytest.mark.parametrize("blocks", BLOCKS, indirect=True)
-@pytest.mark.parametrize("page_size,head_dim,gqa,dtype", CASES, ids=_ids(CASES))
+@pytest.mark.parametrize("page_size,head_dim,gqa,dtype", [
+    pytest.param(*c, id=i, marks=() if c in FAST_CASES else (pytest.mark.slow,))
+    for c, i in zip(CASES, _ids(CASES))])
 def test_ragged_matches_reference(blocks, page_size, head_dim, gqa, dtype):
   args, ref = _ragged(page_size, head_dim, gqa, dtype)
   out = ragged_xla(*args)

@@ -102,7 +102,8 @@ def _options():
 
 
 @pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
-@pytest.mark.parametrize("family", SERVED)
+@pytest.mark.parametrize("family", [SERVED[0]] + [pytest.param(f, marks=pytest.mark.slow)
+                                                  for f in SERVED[1:]])
 def test_greedy_tokens_match_hf_generate(models, family, mode):
   path, model = models(family)
   cfg = config_from_hf(path, max_model_len=96)

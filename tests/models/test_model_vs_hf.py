@@ -64,7 +64,8 @@ def test_paged_prefill_logits_match_dense(hf_llama):
                                atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+@pytest.mark.parametrize("mode", ["colocated", pytest.param("disaggregated",
+                                                             marks=pytest.mark.slow)])
 def test_generate_cli_matches_hf_greedy(hf_llama, tmp_path, mode):
   path, model = hf_llama
   prompts = tmp_path / "in.jsonl"
