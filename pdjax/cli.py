@@ -192,6 +192,10 @@ def parse_flags(argv):
   config file is one line on stderr (exit 2), not a usage dump or a traceback; help exits 0."""
   from absl import flags
   exit_on_help(argv)
+  argument = _config_argument(argv)
+  if argument:   # its folder first on sys.path: policies named module:Attr are found there
+    from pdjax.config_path import use_config_folder
+    use_config_folder(argument)
   try:
     rest = flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except  (a config file may raise anything)

@@ -17,7 +17,6 @@ from pdjax.kv.prefix_cache import EVICTION_POLICIES
 from pdjax.models.llama_config import PRESETS, LlamaConfig, config_from_hf
 from pdjax.models.orbax_checkpoint import checkpoint_format
 from pdjax.models.param_layout import LAYOUTS
-from pdjax.scheduler import policies as policy_lib
 from pdjax.workload.loader import validate_workload
 
 MODES = ("colocated", "disaggregated", "compare")
@@ -394,10 +393,11 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(s.max_prefill_seqs >= 1, "scheduler.max_prefill_seqs", s.max_prefill_seqs,
            "must be >= 1")
 
-  for key in policy_lib.CHOICES:
-    error = policy_lib.unknown_policy(key, s[key])
-    if error:
-      raise ConfigError(error)
+  from pdjax.scheduler.policies import policy_config, registry
+  try:   # names, import paths, scorers, policy_args: before anything is built or compiled
+    policy_config.check(s)
+  except (registry.PolicyError, ValueError) as e:
+    raise ConfigError(str(e)) from None
   _require(1 <= s.chunk_budget <= max(s.prefill_buckets), "scheduler.chunk_budget",
            s.chunk_budget, f"must be within [1, {max(s.prefill_buckets)}] (the largest "
            "prefill bucket)")

@@ -102,7 +102,16 @@ def get_config(arg=None):
   c.scheduler.max_prefill_seqs = 4                    # most sequences per prefill step
   c.scheduler.decode_buckets = (4, 8, 16)             # sequences per decode step
   c.scheduler.prefill_router = "least_loaded"   # round_robin|random|least_loaded|power_of_two|
-  c.scheduler.decode_router = "least_loaded"    #   kv_aware|kv_aware_prefix|session_sticky
+  c.scheduler.decode_router = "least_loaded"    #   kv_aware|kv_aware_prefix|session_sticky|
+                                                #   weighted; every policy key also takes an
+                                                #   installed name or module:Attr (your own
+                                                #   class; `python -m pdjax.policies` lists
+                                                #   them; docs/policies.md)
+  c.scheduler.prefill_scorers = "queue=2,prefix=3"   # weighted: scorer=weight,... (queue,
+  c.scheduler.decode_scorers = "queue=2,prefix=3"    #   running, kv_free, prefix, session,
+                                                #   transfer, or module:Attr); highest sum wins
+  c.scheduler.policy_args = ml_collections.ConfigDict()   # extra keyword arguments for your
+                                                #   own policies (each gets those it accepts)
   c.scheduler.path = "always_disagg"            # always_disagg|always_colocated|length_hybrid|
                                                 #   load_hybrid|prefix_hybrid|isl_bounding|
                                                 #   slo_headroom

@@ -40,10 +40,13 @@ def policies_for(cfg, run: str, opts):
                 remesh_schedule=sc.get("remesh_schedule", ""),
                 remesh_cooldown_s=sc.get("remesh_cooldown_s", 5.0),
                 local_prefill=local_prefill(cfg, run),
-                latency_feedback=config_lib.latency_feedback(cfg))
+                latency_feedback=config_lib.latency_feedback(cfg),
+                prefill_scorers=sc.get("prefill_scorers", "queue=2,prefix=3"),
+                decode_scorers=sc.get("decode_scorers", "queue=2,prefix=3"))
   if sc.role_switch == "remesh":
     params["allowed_tps"] = config_remesh.remesh_tps(cfg, config_lib.model_config(cfg))
-  policies = policy_lib.build(names, params, seed=cfg.seed)
+  policies = policy_lib.build(names, params, seed=cfg.seed,
+                              policy_args=dict(sc.get("policy_args", None) or {}))
   if params["local_prefill"] == "chunked":
     from pdjax.scheduler.policies.chunked_prefill import ChunkedPrefill
     from pdjax.scheduler.policies.local_chunked import LocalChunked

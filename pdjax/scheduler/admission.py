@@ -50,7 +50,7 @@ class Admission:
     p = self.policies
     if self.mode == "colocated":
       return COLOCATED, p.prefill_router.choose(req, self.tier("colocated"))
-    if p.path.uses_picks:
+    if getattr(p.path, "uses_picks", False):   # optional for a user's path policy
       picks = (p.prefill_router.choose(req, self.tier("prefill")),
                p.decode_router.choose(req, self.tier("decode")))
       choice = p.path.choose(req, self.tier("prefill"), self.tier("decode"), picks)

@@ -156,7 +156,9 @@ class Collect:
     EOS, max_new_tokens, or the run's listener says so (a server's stop string)."""
     done = req.add_token(token, now)
     if len(req.token_times) == 1:
-      self.policies.path.observe_first_token(req)
+      observe = getattr(self.policies.path, "observe_first_token", None)   # optional (user's)
+      if observe is not None:
+        observe(req)
     if self._listener is not None and self._listener.on_token(req):
       done = req.stopped_by_listener = True
     if not done:

@@ -134,6 +134,12 @@ class InstanceQueue:
     admitted prefills that stay here)."""
     return len(self.running) + len(self.reserved)
 
+  def kv_inbound_pages(self) -> int:
+    """KV pages on their way here: the prompts of the requests holding a decode slot that do
+    not run yet (transfers in flight or waiting to start)."""
+    return sum(self.pages_for(r.prompt_len) for r in self.reserved.values()
+               if r.path != "colocated")
+
   def reserve(self, req: Request) -> None:
     self.reserved[id(req)] = req
 

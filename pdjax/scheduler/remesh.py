@@ -82,8 +82,9 @@ class Remesh:
       policy = self.policies.role_switch
       if hasattr(policy, "backlog_contexts"):   # the contexts the waiting will decode from
         policy.backlog_contexts = [r.prompt_len + 1 for r, _ in self.transfer_queue]
-      plan = policy.remesh(now, self.tier("prefill"), self.tier("decode"),
-                           len(self.transfer_queue))
+      remesh = getattr(policy, "remesh", None)   # optional for a user's role switch
+      plan = remesh and remesh(now, self.tier("prefill"), self.tier("decode"),
+                               len(self.transfer_queue))
       if plan is not None:
         self._start_remesh(plan, now)
     s = self._switch

@@ -36,7 +36,7 @@ CASES = [
     (["--config.scheduler.path=shortest"],
      "config error: scheduler.path='shortest' is not one of ['always_colocated', "
      "'always_disagg', 'isl_bounding', 'length_hybrid', 'load_hybrid', 'prefix_hybrid', "
-     "'slo_headroom']"),
+     "'slo_headroom'] (or a module:Attr import path)"),
     (["--config.workload.kind=foo"],
      "config error: workload.kind='foo' is not one of ['synthetic', 'azure', 'mooncake', "
      "'burstgpt', 'jsonl']"),

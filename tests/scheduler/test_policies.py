@@ -415,7 +415,8 @@ def test_unknown_policy_name_is_one_line():
     _policies(prefill_router="fastest")
   assert str(e.value) == ("scheduler.prefill_router='fastest' is not one of ['kv_aware', "
                           "'kv_aware_prefix', 'least_loaded', 'power_of_two', 'random', "
-                          "'round_robin', 'session_sticky']")
+                          "'round_robin', 'session_sticky', 'weighted'] (or a module:Attr "
+                          "import path)")
 
 
 def test_predicted_slo_headroom_admits_within_a_fraction_of_the_slo():

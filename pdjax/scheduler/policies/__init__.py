@@ -34,10 +34,11 @@ from pdjax.scheduler.policies.remesh import Remesh
 from pdjax.scheduler.policies.round_robin import RoundRobin
 from pdjax.scheduler.policies.session_sticky import SessionSticky
 from pdjax.scheduler.policies.slo_headroom import SloHeadroom
+from pdjax.scheduler.policies.weighted import Weighted
 
 ROUTERS = {"round_robin": RoundRobin, "random": RandomRouter, "least_loaded": LeastLoaded,
            "power_of_two": PowerOfTwo, "kv_aware": KvAware, "kv_aware_prefix": KvAwarePrefix,
-           "session_sticky": SessionSticky}
+           "session_sticky": SessionSticky, "weighted": Weighted}
 PATHS = {"always_disagg": AlwaysDisagg, "always_colocated": AlwaysColocated,
          "length_hybrid": LengthHybrid, "load_hybrid": LoadHybrid, "prefix_hybrid": PrefixHybrid,
          "isl_bounding": IslBounding, "slo_headroom": SloHeadroom}
@@ -59,21 +60,36 @@ class Policies:
 
 
 def unknown_policy(key: str, name: str) -> str | None:
-  """One-line error for a policy name that does not exist, else None."""
-  table = CHOICES[key]
-  return None if name in table else f"scheduler.{key}={name!r} is not one of {sorted(table)}"
+  """One-line error for a name `scheduler.<key>` cannot use (a built-in name, an installed
+  one, or a module:Attr import path: policies/registry.py), else None. Imports the user's
+  module, so a bad one fails here, before anything compiles."""
+  from pdjax.scheduler.policies import registry
+  try:
+    registry.policy_class(key, name)
+  except registry.PolicyError as e:
+    return str(e)
+  return None
 
 
-def build(names: dict, params: dict, seed: int = 0) -> Policies:
-  """names: {"prefill_router": ..., ...}; params: keyword arguments every policy may use
-  (token_budget, chunk_budget, max_prefill_seqs, length_threshold, isl_ratio, saturation,
-  max_queue, slo_ttft_s, slo_tpot_s, interval_s, queued_tokens, remesh_schedule,
-  remesh_cooldown_s, allowed_tps); each takes what it needs."""
-  for key, name in names.items():
-    error = unknown_policy(key, name)
-    if error:
-      raise ValueError(error)
-  make = lambda key, salt=0: CHOICES[key][names[key]](seed=seed + salt, **params)
+def build(names: dict, params: dict, seed: int = 0, policy_args: dict | None = None) -> Policies:
+  """names: {"prefill_router": ..., ...}, each a built-in name, an installed name or a
+  module:Attr path; params: keyword arguments every policy may use (token_budget,
+  chunk_budget, max_prefill_seqs, length_threshold, isl_ratio, saturation, max_queue,
+  slo_ttft_s, slo_tpot_s, interval_s, queued_tokens, remesh_schedule, remesh_cooldown_s,
+  allowed_tps); each built-in takes what it needs. A user's class gets those of them its
+  __init__ accepts, plus `policy_args` (scheduler.policy_args) it accepts."""
+  from pdjax.scheduler.policies import registry
+  policy_args = dict(policy_args or {})
+  def make(key, salt=0):
+    name = names[key]
+    cls = registry.policy_class(key, name)
+    kwargs = dict(params, policy_args=policy_args)
+    if key.endswith("_router"):   # which tier it routes for (weighted reads its scorers)
+      kwargs["tier"] = key.removesuffix("_router")
+    if registry.is_builtin(key, name):
+      return cls(seed=seed + salt, **kwargs)
+    del kwargs["policy_args"]
+    return registry.construct(cls, kwargs, policy_args, seed + salt, f"scheduler.{key}={name!r}")
   return Policies(prefill_router=make("prefill_router"), decode_router=make("decode_router", 1),
                   path=make("path"), admission=make("admission"),
                   step=make("colocated_policy"), role_switch=make("role_switch"))
