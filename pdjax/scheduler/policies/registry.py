@@ -87,8 +87,8 @@ def load_import_path(what: str, name: str, kind: str):
     obj = getattr(obj, part)
   if not implements(obj, kind):
     _, described = INTERFACES[kind]
-    raise PolicyError(f"{what}={name!r}: {module_name}.{attr} is not a {kind} class "
-                      f"(a {kind} has {described})")
+    raise PolicyError(f"{what}={name!r}: {module_name}.{attr} lacks {described}, the "
+                      f"interface of {what}")
   return obj
 
 
