@@ -11,7 +11,7 @@ from helpers.paths import ROOT
 
 ENTRY_POINTS = ["pdjax.run", "pdjax.plan", "pdjax.sweep", "pdjax.serve", "pdjax.calibrate",
                 "pdjax.bench_serve", "pdjax.generate", "pdjax.convert", "pdjax.text.from_gguf",
-                "pdjax.lower_check"]
+                "pdjax.lower_check", "pdjax.policies"]
 
 
 def _first_doc_line(module: str) -> str:

@@ -43,7 +43,7 @@ def test_the_checker_sees_an_arrow_up():
 # pdjax.text.from_gguf is the old path of pdjax.from_gguf, a shim that only runs it.
 COMMANDS = ["pdjax.run", "pdjax.sweep", "pdjax.plan", "pdjax.serve", "pdjax.bench_serve",
             "pdjax.generate", "pdjax.calibrate", "pdjax.convert", "pdjax.from_gguf",
-            "pdjax.lower_check", "pdjax.text.from_gguf"]
+            "pdjax.lower_check", "pdjax.policies", "pdjax.text.from_gguf"]
 SHIMS = ["pdjax.text.from_gguf"]
 
 

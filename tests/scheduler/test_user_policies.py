@@ -176,11 +176,11 @@ LAB = textwrap.dedent('''
 def test_an_installed_entry_point_is_a_policy_name(tmp_path, monkeypatch):
   _install(tmp_path, monkeypatch, "[pdjax.policies]\nquiet = lab_policies:Quiet\n", LAB)
   try:
-    cls = registry.policy_class("decode_router", "quiet")
+    cls = registry.policy_class("decode_router", "quiet", policy_lib.ROUTERS)
     assert cls.__module__ == "lab_policies" and cls.__name__ == "Quiet"
     assert registry.installed_classes("router") == {"quiet": cls}
     with pytest.raises(registry.PolicyError) as e:
-      registry.policy_class("path", "quiet")
+      registry.policy_class("path", "quiet", policy_lib.PATHS)
     assert str(e.value) == ("scheduler.path='quiet': the installed lab_policies:Quiet serves "
                             "kind 'router', not 'path'")
     config_lib.validate(_config(decode_router="quiet"), device_count=8)
@@ -268,3 +268,21 @@ def test_a_bad_scorer_list_is_a_one_line_config_error(spec, error):
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(cfg, device_count=8)
   assert str(e.value) == error
+
+
+def test_the_listing_names_built_in_and_installed_policies(tmp_path, monkeypatch):
+  site = _install(tmp_path, monkeypatch, "[pdjax.policies]\nquiet = lab_policies:Quiet\n", LAB)
+  try:
+    env = dict(os.environ, PYTHONPATH=str(site))
+    out = subprocess.run([sys.executable, "-m", "pdjax.policies"], capture_output=True,
+                         text=True, timeout=120, env=env).stdout.splitlines()
+  finally:
+    sys.modules.pop("lab_policies", None)
+  routers = out[1:out.index("scheduler.path:")]
+  assert [line.split()[0] for line in routers] == [
+      "kv_aware", "kv_aware_prefix", "least_loaded", "power_of_two", "random", "round_robin",
+      "session_sticky", "weighted", "quiet"]
+  assert routers[-1] == ("  quiet            [lab_policies:Quiet] Routes to the candidate with "
+                         "the fewest running sequences")
+  assert "  random           a seeded uniform choice among eligible instances" in out
+  assert "  transfer  KV pages on their way to the instance (fewer is better)" in out

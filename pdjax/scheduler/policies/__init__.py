@@ -65,7 +65,7 @@ def unknown_policy(key: str, name: str) -> str | None:
   module, so a bad one fails here, before anything compiles."""
   from pdjax.scheduler.policies import registry
   try:
-    registry.policy_class(key, name)
+    registry.policy_class(key, name, CHOICES[key])
   except registry.PolicyError as e:
     return str(e)
   return None
@@ -82,11 +82,11 @@ def build(names: dict, params: dict, seed: int = 0, policy_args: dict | None = N
   policy_args = dict(policy_args or {})
   def make(key, salt=0):
     name = names[key]
-    cls = registry.policy_class(key, name)
+    cls = registry.policy_class(key, name, CHOICES[key])
     kwargs = dict(params, policy_args=policy_args)
     if key.endswith("_router"):   # which tier it routes for (weighted reads its scorers)
       kwargs["tier"] = key.removesuffix("_router")
-    if registry.is_builtin(key, name):
+    if name in CHOICES[key]:
       return cls(seed=seed + salt, **kwargs)
     del kwargs["policy_args"]
     return registry.construct(cls, kwargs, policy_args, seed + salt, f"scheduler.{key}={name!r}")

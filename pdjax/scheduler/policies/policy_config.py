@@ -4,7 +4,7 @@ of scheduler.policy_args reaches at least one of the user's classes."""
 
 from __future__ import annotations
 
-from pdjax.scheduler.policies import registry
+from pdjax.scheduler.policies import CHOICES, registry
 from pdjax.scheduler.policies import scorers as scorers_lib
 
 ROUTER_KEYS = ("prefill_router", "decode_router")
@@ -15,8 +15,8 @@ def user_classes(s) -> dict:
   out = {}
   for key in registry.KIND_OF_KEY:
     name = s[key]
-    if not registry.is_builtin(key, name):
-      out[f"scheduler.{key}={name!r}"] = registry.policy_class(key, name)
+    if name not in CHOICES[key]:
+      out[f"scheduler.{key}={name!r}"] = registry.policy_class(key, name, CHOICES[key])
   for key in ROUTER_KEYS:
     if s[key] == "weighted":
       what = f"scheduler.{key.removesuffix('_router')}_scorers"
@@ -33,7 +33,7 @@ def user_classes(s) -> dict:
 def check(s) -> None:
   """PolicyError (one line) for the first problem in the scheduler's policy keys."""
   for key in registry.KIND_OF_KEY:
-    registry.policy_class(key, s[key])
+    registry.policy_class(key, s[key], CHOICES[key])
   classes = user_classes(s)
   args = s.get("policy_args", None)
   args = dict(args) if args is not None else {}

@@ -41,11 +41,6 @@ def implements(cls, kind: str) -> bool:
   return inspect.isclass(cls) and all(callable(getattr(cls, m, None)) for m in methods)
 
 
-def _builtins(key: str) -> dict:
-  from pdjax.scheduler import policies
-  return policies.CHOICES[key]
-
-
 def installed(kind: str) -> dict:
   """{name: entry point} of the installed packages' policies (group `pdjax.policies`); which
   kind each serves is known only once it is loaded (its `kind`)."""
@@ -92,13 +87,13 @@ def load_import_path(what: str, name: str, kind: str):
   return obj
 
 
-def policy_class(key: str, name: str):
-  """The class `scheduler.<key>` names; PolicyError (one line) when there is none."""
+def policy_class(key: str, name: str, builtins: dict):
+  """The class `scheduler.<key>` names (builtins: that key's table of built-in names,
+  policies.CHOICES[key]); PolicyError (one line) when there is none."""
   kind = KIND_OF_KEY[key]
   what = f"scheduler.{key}"
   if not isinstance(name, str):
     raise PolicyError(f"{what}={name!r} is not a policy name or a module:Attr import path")
-  builtins = _builtins(key)
   if name in builtins:
     return builtins[name]
   if is_import_path(name):
@@ -116,10 +111,6 @@ def policy_class(key: str, name: str):
     raise PolicyError(f"{what}={name!r}: the installed {entry.value} serves kind "
                       f"{getattr(cls, 'kind', None)!r}, not {kind!r}")
   return cls
-
-
-def is_builtin(key: str, name: str) -> bool:
-  return name in _builtins(key)
 
 
 def accepted_keywords(cls) -> set | None:
@@ -147,8 +138,12 @@ def construct(cls, params: dict, policy_args: dict, seed: int, what: str):
 
 
 def first_doc_line(cls) -> str:
-  """The first line of the class's docstring, else of its module's."""
+  """The first sentence of the class's docstring (its first paragraph's lines joined), else
+  of its module's, without a leading "name: " (the built-ins' module docstrings)."""
   doc = cls.__doc__ if cls.__doc__ and cls.__doc__ is not object.__doc__ else None
   if not doc:
     doc = getattr(inspect.getmodule(cls), "__doc__", None) or ""
-  return doc.strip().splitlines()[0] if doc.strip() else ""
+  paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+  sentence = paragraph.split(". ")[0].rstrip(".")
+  head, colon, rest = sentence.partition(": ")
+  return rest if colon and " " not in head else sentence
