@@ -299,11 +299,13 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(isinstance(repeats, int) and repeats >= 1, "repeats", repeats,
            "must be an integer >= 1")
   if cfg.backend == "sim":
-    from pdjax.sim.hardware import HARDWARE
+    from pdjax.sim.hardware import HardwareError, hardware_for
     _require(cfg.sim.cost_model in ("roofline", "calibrated"), "sim.cost_model",
              cfg.sim.cost_model, "is not one of ['calibrated', 'roofline']")
-    _require(cfg.sim.hardware in HARDWARE, "sim.hardware", cfg.sim.hardware,
-             f"is not one of {sorted(HARDWARE)}")
+    try:
+      hardware_for(cfg.sim.hardware)
+    except HardwareError as e:
+      raise ConfigError(str(e)) from None
     _require(cfg.sim.link_gbps >= 0, "sim.link_gbps", cfg.sim.link_gbps, "must be >= 0")
   _require(cfg.model.dtype in ("float32", "bfloat16"), "model.dtype", cfg.model.dtype,
            "is not float32 or bfloat16")

@@ -190,7 +190,9 @@ def get_config(arg=None):
 
   c.sim = ml_collections.ConfigDict()      # backend=sim only
   c.sim.cost_model = "roofline"            # roofline (hardware preset) | calibrated (sim.profile)
-  c.sim.hardware = "h200"                  # tpu_v5e | tpu_v5p | tpu_v6e | a100 | h100 | h200
+  c.sim.hardware = "h200"                  # tpu_v5e | tpu_v5p | tpu_v6e | tpu_v7x | a100 | h100 |
+                                           #   h200 | b200 | mi300x, or a .json file of Hardware
+                                           #   fields (your own chip: docs/policies.md)
   c.sim.link_gbps = 0.0                    # P->D link in Gbit/s; 0 = the preset's ICI/NVLink
   c.sim.profile = ""                       # calibrated profile JSON; "" = the shipped CPU one
   c.sim.host_link_gbps = 0.0               # host <-> device link (host KV tier); 0 = the preset's
@@ -213,7 +215,8 @@ def get_config(arg=None):
   c.plan.mem_util = 0.9                    # share of HBM for weights + KV (the rest: activations)
   c.plan.map = False                       # map mode: who wins over SLOs x mixes (map_mode.py)
   c.plan.map_models = ""                   # comma-separated model presets; "" = model.preset
-  c.plan.map_hardware = ""                 # comma-separated sim.hardware presets; "" = sim.hardware
+  c.plan.map_hardware = ""                 # comma-separated sim.hardware presets or .json
+                                           #   files; "" = sim.hardware
   c.plan.map_mixes = ""                    # comma-separated planning/mixes.py names; "" = config
   c.plan.map_ttft_s = (0.25, 1.0, 4.0)     # TTFT targets (s), the map's x axis
   c.plan.map_tpot_s = (0.025, 0.1)         # TPOT targets (s), the map's y axis

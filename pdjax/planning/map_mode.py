@@ -62,13 +62,17 @@ def _names(value: str, default: str) -> list[str]:
 def settings(cfg) -> MapSettings:
   """The map's settings from cfg.plan; ConfigError (one line) on the first bad key."""
   from pdjax.models.llama_config import PRESETS
-  from pdjax.sim.hardware import HARDWARE
+  from pdjax.sim.hardware import HardwareError, hardware_for
   p = cfg.plan
   models = _names(p.map_models, cfg.model.preset)
   hardware = _names(p.map_hardware, cfg.sim.hardware)
   mix_names = _names(p.map_mixes, "config")
+  for name in hardware:   # a preset or a JSON file of Hardware fields
+    try:
+      hardware_for(name, "plan.map_hardware")
+    except HardwareError as e:
+      raise ConfigError(str(e)) from None
   for key, what, names, known in (("map_models", "model preset", models, PRESETS),
-                                  ("map_hardware", "hardware", hardware, HARDWARE),
                                   ("map_mixes", "mix", mix_names, mixes.MIXES)):
     for name in names:
       if name not in known:
@@ -112,9 +116,9 @@ def roomy(c, mcfg, placement) -> bool:
   """Every tier of the placement keeps KV room for MIN_POOL_SEQS max-length sequences after
   its weights (placement_runs.fits asks for one; a tier that holds a handful only starves, e.g.
   70B at TP2 on 80 GB chips)."""
-  from pdjax.sim.hardware import HARDWARE
+  from pdjax.sim.hardware import hardware_for
   per_seq = -(-c.kv.max_model_len // c.kv.page_size)
-  return all(capacity.kv_pages(mcfg, HARDWARE[c.sim.hardware], tp, page_size=c.kv.page_size,
+  return all(capacity.kv_pages(mcfg, hardware_for(c.sim.hardware), tp, page_size=c.kv.page_size,
                                dtype_bytes=2 if c.model.dtype == "bfloat16" else 4,
                                mem_util=c.plan.mem_util) >= MIN_POOL_SEQS * per_seq
              for _, _, tp in placement.tiers)
@@ -222,6 +226,7 @@ def what_ran(cfg, s: MapSettings, workdir: str, command: str) -> tuple[list[str]
 def run_map(cfg, workdir: str, command: str = "") -> str:
   """Simulates (or loads, plan.map_runs) and writes the map; returns the markdown summary."""
   from pdjax.planning.plan_output import rule_line
+  from pdjax.sim.hardware import hardware_for
   s = settings(cfg)
   t0 = time.time()
   ran, lengths = what_ran(cfg, s, workdir, command)
@@ -267,8 +272,9 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
   for model in dict.fromkeys(m for m, _, _ in by_combo):
     for hw in dict.fromkeys(h for m, h, _ in by_combo if m == model):
       panels = [(x, cs) for (m, h, x), cs in blocks if (m, h) == (model, hw)]
-      map_output.plot_phase(os.path.join(workdir, "plots", f"map_{model}_{hw}.png"),
-                            f"{model} on {cfg.plan.chip_budget} x {hw}", panels,
+      label = hardware_for(hw).name   # a file's own name, not its path
+      map_output.plot_phase(os.path.join(workdir, "plots", f"map_{model}_{label}.png"),
+                            f"{model} on {cfg.plan.chip_budget} x {label}", panels,
                             s.ttft_grid, s.tpot_grid)
   out = [*(line[2:] for line in ran)]
   for (m, h, x), cs in blocks:

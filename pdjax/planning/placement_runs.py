@@ -18,8 +18,8 @@ from pdjax.planning.slo_grid import RunRecord
 def pools(cfg, mcfg, p: Placement) -> list[int] | None:
   """Each tier's KV pages per instance from its chips' memory (None: a tier cannot hold one
   kv.max_model_len sequence)."""
-  from pdjax.sim.hardware import HARDWARE
-  out = [capacity.pool_pages(mcfg, HARDWARE[cfg.sim.hardware], tp, page_size=cfg.kv.page_size,
+  from pdjax.sim.hardware import hardware_for
+  out = [capacity.pool_pages(mcfg, hardware_for(cfg.sim.hardware), tp, page_size=cfg.kv.page_size,
                              dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
                              mem_util=cfg.plan.mem_util, max_model_len=cfg.kv.max_model_len,
                              max_batch=max(cfg.scheduler.decode_buckets))

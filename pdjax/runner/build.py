@@ -193,14 +193,14 @@ def _preparer(cfg, mcfg):
     if node not in node_tiers:
       from pdjax.kv.host_tier import HostTier
       from pdjax.kv.offload_admission import make_admission
-      from pdjax.sim.hardware import HARDWARE
+      from pdjax.sim.hardware import hardware_for
       gbps = cfg.sim.get("host_link_gbps", 0.0)
       admission = make_admission(cfg.kv.get("host_tier_admission", "all"),
                                  half_life_s=cfg.kv.get("host_tier_half_life_s", 60.0),
                                  memory=4 * cfg.kv.host_tier_pages)
       node_tiers[node] = (
           HostTier(cfg.kv.host_tier_pages, cfg.kv.host_tier_policy, admission, node=node),
-          gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s,
+          gbps * 1e9 / 8 if gbps else hardware_for(cfg.sim.hardware).host_bytes_per_s,
           cfg.kv.get("host_tier_handoff", "transfer"))
     return node_tiers[node]
 
@@ -239,10 +239,10 @@ def _cross_node_link(cfg):
   """The link between the run's nodes (kv/remote_store.py), its host copies (a sealed
   transfer's) over sim.host_link_gbps or the hardware preset's host link."""
   from pdjax.kv.remote_store import CrossNodeLink
-  from pdjax.sim.hardware import HARDWARE
+  from pdjax.sim.hardware import hardware_for
   gbps = cfg.sim.get("host_link_gbps", 0.0)
   return CrossNodeLink.from_config(
-      cfg.kv, gbps * 1e9 / 8 if gbps else HARDWARE[cfg.sim.hardware].host_bytes_per_s)
+      cfg.kv, gbps * 1e9 / 8 if gbps else hardware_for(cfg.sim.hardware).host_bytes_per_s)
 
 
 def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress, ray_cluster=None):
@@ -254,7 +254,7 @@ def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress, ray_cl
     return RayRemeshBuilder(ray_cluster, instances)
   if cfg.backend == "sim":
     import dataclasses
-    from pdjax.sim.hardware import HARDWARE
+    from pdjax.sim.hardware import hardware_for
     from pdjax.sim.instance import SimInstance, sim_cost
     from pdjax.sim.remesh import SimRemeshBuilder
     from pdjax.sim.roofline import RooflineCost
@@ -278,7 +278,7 @@ def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress, ray_cl
                          host=p.host, num_layers=mcfg.num_layers)
       prepare(inst)
       return inst
-    weight_bytes = RooflineCost(mcfg, HARDWARE[cfg.sim.hardware], 1,
+    weight_bytes = RooflineCost(mcfg, hardware_for(cfg.sim.hardware), 1,
                                 dtype_bytes=dtype_bytes).weight_bytes
     compile_s = (profile or {}).get("remesh_compile_s", cfg.sim.get("remesh_compile_s", 1.0))
     return SimRemeshBuilder(make, weight_bytes, compile_s, cost_of)

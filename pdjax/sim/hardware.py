@@ -29,11 +29,33 @@ Host link (`host_bytes_per_s`, the host KV tier's offloads and reloads), per chi
 direction: PCIe Gen4 x16 (a100) 32 GB/s, PCIe Gen5 x16 (h100, h200) 64 GB/s, nominal (measured
 pinned-memory copies reach ~80% of it). TPUs: 32 GB/s assumed (Google publishes no per-chip
 host DMA figure). `sim.host_link_gbps` overrides it.
+
+  tpu_v7x 1200 GB/s -> 600 GB/s   docs.cloud.google.com/tpu/docs/tpu7x (Ironwood: "Bidirectional
+                                  inter-chip interconnect (ICI) bandwidth per chip", 3D torus;
+                                  BF16 2307 TFLOP/s, 192 GiB HBM at 7380 GB/s per chip; the
+                                  link is its ICI per direction, as for tpu_v5p)
+  b200    1800 GB/s -> 900 GB/s   NVIDIA DGX B200 user guide / HGX B200, NVLink 5 (18 links x
+                                  100 GB/s bidir.), 1,440 GB for 8 GPUs (180 GB each), 8 TB/s
+                                  HBM3e; dense BF16 2.25 PFLOP/s (the datasheet's 4.5 is with
+                                  sparsity); PCIe Gen5 x16 hosts (64 GB/s)
+  mi300x   896 GB/s -> 448 GB/s   AMD Instinct MI300X (rocm.docs.amd.com, MI300 architecture):
+                                  BF16 matrix 1307.4 TFLOP/s dense, 192 GB HBM3 at 5.3 TB/s, 7
+                                  peer Infinity Fabric links x 128 GB/s (full mesh, no switch:
+                                  one peer pair gets one link, so a single P->D copy sees 128
+                                  GB/s, the link used here), PCIe Gen5 x16 (64 GB/s)
+
+Your own chip: `sim.hardware` (and each entry of `plan.map_hardware`) also takes the path of a
+JSON file with these fields (bf16_flops, hbm_bytes, hbm_bytes_per_s, link_bytes_per_s; optional
+ici_bytes_per_s, ici_latency_s, host_bytes_per_s, name): `hardware_for`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import math
+import os
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,4 +85,58 @@ HARDWARE = {h.name: h for h in (
              host_bytes_per_s=64 * GB),
     Hardware("h200", 989e12, 141 * GB, 4800 * GB, 900 * GB, ici_bytes_per_s=450 * GB,
              host_bytes_per_s=64 * GB),
+    Hardware("tpu_v7x", 2307e12, 192 * GB, 7380 * GB, 600 * GB, ici_bytes_per_s=600 * GB),
+    Hardware("b200", 2250e12, 180 * GB, 8000 * GB, 1800 * GB, ici_bytes_per_s=900 * GB,
+             host_bytes_per_s=64 * GB),
+    Hardware("mi300x", 1307e12, 192 * GB, 5300 * GB, 128 * GB, ici_bytes_per_s=448 * GB,
+             host_bytes_per_s=64 * GB),
 )}
+REQUIRED = ("bf16_flops", "hbm_bytes", "hbm_bytes_per_s", "link_bytes_per_s")
+OPTIONAL = ("ici_bytes_per_s", "ici_latency_s", "host_bytes_per_s")
+
+
+class HardwareError(ValueError):
+  """A hardware name or file that cannot be used: the message is one line."""
+
+
+def is_file(name: str) -> bool:
+  return name.endswith(".json") or os.sep in name
+
+
+def hardware_for(name: str, what: str = "sim.hardware") -> Hardware:
+  """The preset `name`, or the Hardware of the JSON file at that path (relative to the working
+  directory); HardwareError (one line, naming `what`) otherwise."""
+  if name in HARDWARE:
+    return HARDWARE[name]
+  if not isinstance(name, str) or not is_file(name):
+    raise HardwareError(f"{what}={name!r} is not one of {sorted(HARDWARE)} (or a .json file)")
+  return _from_file(os.path.abspath(name), what)
+
+
+@functools.lru_cache(maxsize=None)
+def _from_file(path: str, what: str) -> Hardware:
+  try:
+    with open(path) as f:
+      fields = json.load(f)
+  except OSError as e:
+    raise HardwareError(f"{what}={path!r}: cannot read it ({e.strerror})") from None
+  except json.JSONDecodeError as e:
+    raise HardwareError(f"{what}={path!r}: not JSON ({e.msg} at line {e.lineno})") from None
+  if not isinstance(fields, dict):
+    raise HardwareError(f"{what}={path!r}: must hold one JSON object of Hardware fields")
+  unknown = sorted(set(fields) - set(REQUIRED) - set(OPTIONAL) - {"name"})
+  if unknown:
+    raise HardwareError(f"{what}={path!r}: unknown field {unknown[0]!r} (fields: "
+                        f"{', '.join(REQUIRED + OPTIONAL)}, name)")
+  missing = [k for k in REQUIRED if k not in fields]
+  if missing:
+    raise HardwareError(f"{what}={path!r}: missing required field {missing[0]!r}")
+  for key in REQUIRED + OPTIONAL:
+    value = fields.get(key)
+    if key in fields and (isinstance(value, bool) or not isinstance(value, (int, float))
+                          or not math.isfinite(value) or value <= 0):
+      raise HardwareError(f"{what}={path!r}: {key}={value!r} must be a finite number > 0")
+  name = fields.get("name", os.path.splitext(os.path.basename(path))[0])
+  if not isinstance(name, str) or not name:
+    raise HardwareError(f"{what}={path!r}: name={name!r} must be a non-empty string")
+  return Hardware(name=name, **{k: float(v) for k, v in fields.items() if k != "name"})

@@ -235,12 +235,12 @@ def sim_cost(mcfg, tp: int, opts, *, hardware: str, link_gbps: float = 0.0,
   """The cost model of one instance of `tp` chips: the calibrated `profile`'s fit when given,
   else the roofline of `hardware`."""
   from pdjax.sim.calibrated import cost_from_profile
-  from pdjax.sim.hardware import HARDWARE
+  from pdjax.sim.hardware import hardware_for
   from pdjax.sim.roofline import RooflineCost
   if profile:
     return cost_from_profile(profile, tp, opts)
   link = link_gbps * 1e9 / 8 if link_gbps else None
-  return RooflineCost(mcfg, HARDWARE[hardware], tp, dtype_bytes=dtype_bytes,
+  return RooflineCost(mcfg, hardware_for(hardware), tp, dtype_bytes=dtype_bytes,
                       link_bytes_per_s=link)
 
 

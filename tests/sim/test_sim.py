@@ -54,7 +54,8 @@ def test_roofline_by_hand():
 
 
 def test_presets_cover_the_contract_names():
-  assert sorted(HARDWARE) == ["a100", "h100", "h200", "tpu_v5e", "tpu_v5p", "tpu_v6e"]
+  assert sorted(HARDWARE) == ["a100", "b200", "h100", "h200", "mi300x", "tpu_v5e", "tpu_v5p",
+                              "tpu_v6e", "tpu_v7x"]
 
 
 def _serve_sim(tiers, mode, n=40, gap_s=0.01):
