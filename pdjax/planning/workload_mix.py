@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+from pdjax.workload.from_code import read_python
 from pdjax.workload.limits import fit_lengths
 from pdjax.workload.traces import READERS
 
@@ -47,8 +48,11 @@ class TraceLengths:
 
   def __init__(self, workload, *, seed: int, vocab_size: int, path: str):
     kind, source = workload.kind, workload.path
-    extra = {"vocab_size": vocab_size} if kind == "jsonl" else {}
-    rows, _ = READERS[kind](source, num_requests=None, **extra)
+    if kind == "python":
+      rows, _ = read_python(source, workload=workload, seed=seed, vocab_size=vocab_size)
+    else:
+      extra = {"vocab_size": vocab_size} if kind == "jsonl" else {}
+      rows, _ = READERS[kind](source, num_requests=None, **extra)
     if not rows:
       raise ValueError(f"workload.path={source!r} holds no usable {kind} row")
     self.kind, self.source = kind, os.path.basename(source)

@@ -1,7 +1,8 @@
 """The one workload entry point: a config's `workload` section in, Requests and problems out.
 
-`kind` picks the source: `synthetic` (an arrival process times a preset mix) or a trace file
-(`azure`, `mooncake`, `burstgpt`, `jsonl`) replayed through grain. Every source is fitted into
+`kind` picks the source: `synthetic` (an arrival process times a preset mix), a trace file
+(`azure`, `mooncake`, `burstgpt`, `jsonl`) replayed through grain, or `python`: rows from the
+researcher's own function (`path = "module:function"`, see from_code). Every source is fitted into
 max_model_len the same way (see limits) and reports what it skipped or cut as problem lines;
 the run goes on. Keys missing from `w` take their defaults from `default_workload_config()`.
 """
@@ -15,13 +16,14 @@ import numpy as np
 
 from pdjax.request import Request
 from pdjax.workload.arrivals import ARRIVALS, arrival_times
+from pdjax.workload.from_code import read_python, workload_function
 from pdjax.workload.limits import check_max_model_len, fit_lengths, truncation_note
 from pdjax.workload.presets import PRESETS, RequestSpec
 from pdjax.workload.replay import replay
 from pdjax.workload.synthetic import specs_to_requests
 from pdjax.workload.traces import READERS
 
-KINDS = ("synthetic",) + tuple(READERS)
+KINDS = ("synthetic",) + tuple(READERS) + ("python",)
 MIXED_KEYS = ("chat_fraction", "chat_prompt_len", "chat_max_new_tokens", "doc_prompt_len",
               "doc_max_new_tokens")
 LOGNORMAL_KEYS = ("lognormal_prompt_mean", "lognormal_output_mean", "lognormal_sigma",
@@ -31,8 +33,9 @@ LOGNORMAL_KEYS = ("lognormal_prompt_mean", "lognormal_output_mean", "lognormal_s
 def default_workload_config() -> ml_collections.ConfigDict:
   """Every workload key with its default."""
   w = ml_collections.ConfigDict()
-  w.kind = "synthetic"              # synthetic | azure | mooncake | burstgpt | jsonl
-  w.path = ""                       # trace file (kinds other than synthetic)
+  w.kind = "synthetic"              # synthetic | azure | mooncake | burstgpt | jsonl | python
+  w.path = ""                       # trace file (kinds other than synthetic); python:
+                                    #   "module:function" called as function(config, rng)
   w.preset = "mixed"                # synthetic: mixed | chat | long_doc_qa | rag |
                                     #   agent_multiturn | lognormal
   w.arrival = "poisson"             # synthetic arrivals: poisson | gamma | onoff | ramp
@@ -107,7 +110,12 @@ def validate_workload(w) -> str | None:
     path = _get(w, "path")
     if not path:
       return _why("path", path, f"is required for kind={kind}")
-    if not os.path.isfile(path):
+    if kind == "python":
+      try:
+        workload_function(path)
+      except ValueError as e:
+        return str(e)
+    elif not os.path.isfile(path):
       return _why("path", path, "does not exist" if not os.path.exists(path)
                   else "is not a file")
   for key, ok, why in checks:
@@ -168,8 +176,12 @@ def load_workload(w, *, seed: int, vocab_size: int, eos_ids: tuple[int, ...],
   time_scale = float(_get(w, "time_scale"))
   if kind != "synthetic":
     cap = int(_get(w, "num_requests")) or None
-    extra = {"vocab_size": vocab_size} if kind == "jsonl" else {}
-    rows, problems = READERS[kind](_get(w, "path"), num_requests=cap, **extra)
+    if kind == "python":
+      rows, problems = read_python(_get(w, "path"), workload=w, seed=seed, num_requests=cap,
+                                   vocab_size=vocab_size)
+    else:
+      extra = {"vocab_size": vocab_size} if kind == "jsonl" else {}
+      rows, problems = READERS[kind](_get(w, "path"), num_requests=cap, **extra)
     requests, more = replay(rows, source=os.path.basename(_get(w, "path")), seed=seed,
                             vocab_size=vocab_size, eos_ids=eos_ids,
                             max_model_len=max_model_len, time_scale=time_scale,

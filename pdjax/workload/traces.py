@@ -146,29 +146,37 @@ def read_mooncake(path: str, *, num_requests: int | None = None,
   return start_at_zero(rows), problems.result()
 
 
+def jsonl_row(line: int, rec: dict, seen: dict[str, int],
+              vocab_size: int | None = None) -> TraceRow:
+  """One generic JSONL record as a TraceRow (seen: the ids kept so far -> their lines);
+  BadField names what is wrong with it."""
+  require(rec, "arrival_s", "output_len")
+  row_id = as_id(rec["id"], seen) if "id" in rec else ""
+  if "prompt_ids" in rec:
+    prompt_ids = as_int_list("prompt_ids", rec["prompt_ids"], 0, vocab_size)
+    if not prompt_ids:
+      raise BadField("prompt_ids=[] is empty")
+    prompt_len = len(prompt_ids)
+  elif "prompt_len" in rec:
+    prompt_ids, prompt_len = None, as_int("prompt_len", rec["prompt_len"], 1)
+  else:
+    raise BadField("missing key 'prompt_ids' or 'prompt_len'")
+  row = TraceRow(
+      line=line, arrival_s=as_seconds("arrival_s", rec["arrival_s"]),
+      prompt_len=prompt_len, output_len=as_int("output_len", rec["output_len"], 1),
+      prompt_ids=prompt_ids, tenant=as_str("tenant", rec.get("tenant", "")),
+      session=as_str("session", rec.get("session", "")), id=row_id)
+  if row_id:
+    seen[row_id] = line
+  return row
+
+
 def read_jsonl(path: str, *, num_requests: int | None = None,
                vocab_size: int | None = None) -> tuple[list[TraceRow], list[str]]:
   problems, rows, seen = Problems(path), [], {}
   for line, rec in _json_records(path, problems):
     try:
-      require(rec, "arrival_s", "output_len")
-      row_id = as_id(rec["id"], seen) if "id" in rec else ""
-      if "prompt_ids" in rec:
-        prompt_ids = as_int_list("prompt_ids", rec["prompt_ids"], 0, vocab_size)
-        if not prompt_ids:
-          raise BadField("prompt_ids=[] is empty")
-        prompt_len = len(prompt_ids)
-      elif "prompt_len" in rec:
-        prompt_ids, prompt_len = None, as_int("prompt_len", rec["prompt_len"], 1)
-      else:
-        raise BadField("missing key 'prompt_ids' or 'prompt_len'")
-      rows.append(TraceRow(
-          line=line, arrival_s=as_seconds("arrival_s", rec["arrival_s"]),
-          prompt_len=prompt_len, output_len=as_int("output_len", rec["output_len"], 1),
-          prompt_ids=prompt_ids, tenant=as_str("tenant", rec.get("tenant", "")),
-          session=as_str("session", rec.get("session", "")), id=row_id))
-      if row_id:
-        seen[row_id] = line
+      rows.append(jsonl_row(line, rec, seen, vocab_size))
     except BadField as e:
       problems.row(line, str(e))
     if _full(rows, num_requests):

@@ -39,7 +39,7 @@ CASES = [
      "'slo_headroom'] (or a module:Attr import path)"),
     (["--config.workload.kind=foo"],
      "config error: workload.kind='foo' is not one of ['synthetic', 'azure', 'mooncake', "
-     "'burstgpt', 'jsonl']"),
+     "'burstgpt', 'jsonl', 'python']"),
     (["--config.workload.kind=azure"],
      "config error: workload.path='' is required for kind=azure"),
     (["--config.scheduler.chunk_budget=2000"],

@@ -9,9 +9,10 @@ raises PolicyError with the one-line config error; nothing here imports jax.
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import inspect
+
+from pdjax.import_path import import_attr, is_import_path
 
 ENTRY_POINT_GROUP = "pdjax.policies"
 KIND_OF_KEY = {"prefill_router": "router", "decode_router": "router", "path": "path",
@@ -30,10 +31,6 @@ INTERFACES = {
 
 class PolicyError(ValueError):
   """A policy name that cannot be used for its key: the message is the one-line config error."""
-
-
-def is_import_path(name: str) -> bool:
-  return ":" in name
 
 
 def implements(cls, kind: str) -> bool:
@@ -63,24 +60,12 @@ def installed_classes(kind: str) -> dict:
 
 
 def load_import_path(what: str, name: str, kind: str):
-  """The class at `module:Attr` (the module imported as Python imports it: the config file's
-  folder is first on sys.path, pdjax/config_path.py); PolicyError naming `what` otherwise."""
-  module_name, _, attr = name.partition(":")
-  if not module_name or not attr:
-    raise PolicyError(f"{what}={name!r} is not an import path of the form module:Attr")
-  try:
-    module = importlib.import_module(module_name)
-  except ImportError as e:
-    raise PolicyError(f"{what}={name!r}: cannot import module {module_name!r} ({e})") from None
-  except Exception as e:  # pylint: disable=broad-except  (the user's module raised)
-    raise PolicyError(f"{what}={name!r}: importing {module_name!r} raised "
-                      f"{type(e).__name__}: {e}") from None
-  obj = module
-  for part in attr.split("."):
-    if not hasattr(obj, part):
-      raise PolicyError(f"{what}={name!r}: module {module_name!r} has no attribute {attr!r}")
-    obj = getattr(obj, part)
+  """The class at `module:Attr` (imported as pdjax/import_path.py does: the config file's
+  folder first on sys.path); PolicyError naming `what` otherwise, also when it lacks the
+  interface of `kind`."""
+  obj = import_attr(what, name, PolicyError)
   if not implements(obj, kind):
+    module_name, _, attr = name.partition(":")
     _, described = INTERFACES[kind]
     raise PolicyError(f"{what}={name!r}: {module_name}.{attr} lacks {described}, the "
                       f"interface of {what}")
