@@ -17,7 +17,7 @@ its line in your file), an answer outside the interface (a router's pick not amo
 candidates, ...), a request left open, a leaked KV page or a stall; it passes (exit 0) with
 each workload's goodput and SLO attainment beside the default's and the paired 95% interval of
 the difference. --config: its scheduler.policy_args reach the class; the check's own setting
-(model, chips, workloads, SLO: pdjax/scheduler/policies/checker.py) is fixed.
+(model, chips, workloads, SLO: pdjax/policy_check.py) is fixed.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main(argv) -> None:
     return
   if os.getcwd() not in sys.path:   # (python -m puts it there; the console script does not)
     sys.path.insert(1 if CONFIG.value is not None else 0, os.getcwd())
-  from pdjax.scheduler.policies.checker import CheckFailed, check
+  from pdjax.policy_check import CheckFailed, check
   args = dict(CONFIG.value.scheduler.get("policy_args", None) or {}) if CONFIG.value else {}
   try:
     print(check(CHECK.value, args))

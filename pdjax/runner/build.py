@@ -159,7 +159,8 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
                       transfer_timeout_s=kv.transfer_timeout_s, lease_s=kv.lease_s,
                       stream_layers=kv.get("stream_layers", 0) if mode == "disaggregated" else 0,
                       stream_min_tokens=kv.get("stream_min_tokens", 0),
-                      debug=cfg.debug, overlap=_overlap(cfg))
+                      debug=cfg.debug, overlap=_overlap(cfg),
+                      slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s)
   return mode, instances, serve_kwargs
 
 

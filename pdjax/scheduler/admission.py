@@ -64,7 +64,8 @@ class Admission:
     per choice: a simulated run may hold millions of requests)."""
     if choice.path not in self._path_reasons:
       name = ("mode" if self.mode == "colocated" else
-              PATH_NAMES.get(type(self.policies.path), type(self.policies.path).__name__))
+              PATH_NAMES.get(type(self.policies.path.policy),
+                            type(self.policies.path.policy).__name__))
       self._path_reasons[choice.path] = {"policy": name, "choice": choice.path}
     return self._path_reasons[choice.path]
 

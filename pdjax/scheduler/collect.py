@@ -156,9 +156,7 @@ class Collect:
     EOS, max_new_tokens, or the run's listener says so (a server's stop string)."""
     done = req.add_token(token, now)
     if len(req.token_times) == 1:
-      observe = getattr(self.policies.path, "observe_first_token", None)   # optional (user's)
-      if observe is not None:
-        observe(req)
+      self.policies.path.observe_first_token(req)   # (the guard: a no-op unless the policy has it)
     if self._listener is not None and self._listener.on_token(req):
       done = req.stopped_by_listener = True
     if not done:

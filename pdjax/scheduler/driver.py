@@ -46,6 +46,8 @@ from pdjax.scheduler.fast_forward import FastForward
 from pdjax.scheduler.instance_queue import InstanceQueue
 from pdjax.scheduler.invariants import Invariants
 from pdjax.scheduler.policies.base import StepPlan
+from pdjax.scheduler.policy_api import Slo, Views
+from pdjax.scheduler.policy_guard import guard
 from pdjax.scheduler.records import SAMPLE_FIELDS, STEP_FIELDS, new_records
 from pdjax.scheduler.recovery import Recovery
 from pdjax.scheduler.remesh import Remesh
@@ -87,6 +89,8 @@ class DriverOptions:
   stream_layers: int = 0     # kv.stream_layers: a prompt's KV streamed to its decode instance
                              # while it prefills (instances with `streams_kv`; streams.py)
   stream_min_tokens: int = 0   # shorter prompts are sent whole after their prefill
+  slo_ttft_s: float = 0.0    # the run's SLO, as the policies read it (RequestView.slo; 0: none)
+  slo_tpot_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -126,6 +130,12 @@ class RunResult:
     return counts
 
 
+def _slo(options: DriverOptions) -> Slo | None:
+  if options.slo_ttft_s > 0 and options.slo_tpot_s > 0:
+    return Slo(options.slo_ttft_s, options.slo_tpot_s)
+  return None
+
+
 def default_policies(options: DriverOptions) -> policy_lib.Policies:
   names = dict(prefill_router="least_loaded", decode_router="least_loaded",
                path="always_disagg", admission="none", colocated_policy="prefill_first",
@@ -151,7 +161,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
       raise ValueError(f"mode must be colocated or disaggregated, got {mode!r}")
     self.mode, self.workers, self.opts, self.clock = mode, workers, options, clock
     self.transfer_fn = transfer_fn
-    self.policies = policies or default_policies(options)
+    self.policies = guard(policies or default_policies(options), Views(_slo(options)))
     roles = {w.role for w in workers}
     needed = {"colocated"} if mode == "colocated" else {"prefill", "decode"}
     if not needed <= roles or (mode == "disaggregated" and not transfer_fn):

@@ -38,7 +38,7 @@ class FastForward:
   def _fast_forward_possible(self) -> bool:
     """Whether this run may fast-forward at all (checked once per run)."""
     return (self.opts.fast_forward and hasattr(self.clock, "advance_to")
-            and not self.opts.debug and isinstance(self.policies.role_switch, NoRoleSwitch)
+            and not self.opts.debug and isinstance(self.policies.role_switch.policy, NoRoleSwitch)
             and self._inbox is None and self._listener is None
             and all(getattr(w.instance, "host", None) is None
                     and not getattr(w.instance, "device_tokens", False) for w in self.workers))

@@ -62,7 +62,7 @@ class Remesh:
     if drain not in ("migrate", "finish"):
       raise ValueError(f"scheduler.remesh_drain must be migrate or finish, got {drain!r}")
     self._remesh_builder, self._remesh_drain = builder, drain
-    policy = self.policies.role_switch
+    policy = self.policies.role_switch.policy   # (the policy itself, not its guard)
     cost_of = getattr(builder, "cost_of", None)
     if hasattr(policy, "cost_of") and cost_of is not None:
       policy.cost_of, policy.switch_s = cost_of, builder.switch_s   # predicted decisions
@@ -79,12 +79,11 @@ class Remesh:
       return
     now = self.clock.now()
     if self._switch is None:
-      policy = self.policies.role_switch
+      policy = self.policies.role_switch.policy
       if hasattr(policy, "backlog_contexts"):   # the contexts the waiting will decode from
         policy.backlog_contexts = [r.prompt_len + 1 for r, _ in self.transfer_queue]
-      remesh = getattr(policy, "remesh", None)   # optional for a user's role switch
-      plan = remesh and remesh(now, self.tier("prefill"), self.tier("decode"),
-                               len(self.transfer_queue))
+      plan = self.policies.role_switch.remesh(now, self.tier("prefill"), self.tier("decode"),
+                                              len(self.transfer_queue))
       if plan is not None:
         self._start_remesh(plan, now)
     s = self._switch
@@ -107,7 +106,7 @@ class Remesh:
       return False
     if self.remesh_holds("prefill"):
       return True
-    return self.remesh_holds("decode") and not isinstance(self.policies.path, AlwaysDisagg)
+    return self.remesh_holds("decode") and not isinstance(self.policies.path.policy, AlwaysDisagg)
 
   def _park(self, r: Request, role: str, fallback: str, why: str) -> bool:
     """A request to recompute on `role` while a re-mesh leaves it empty waits for the new

@@ -89,6 +89,9 @@ def test_routers_count_host_pages_after_the_device_prefix_at_their_weight():
   from pdjax.kv.prefix_cache import prefix_names
   from pdjax.scheduler.policies.kv_aware_prefix import KvAwarePrefix
   from pdjax.scheduler.instance_queue import InstanceQueue
+  from pdjax.request import Request
+  from pdjax.scheduler.policy_api import Views
+  from pdjax.scheduler.policy_guard import GuardedRouter
   tier, w = HostTier(16), 0.25
   names = prefix_names("tenant:a", X + [7], 16)
   assert len(names) == 4
@@ -106,8 +109,9 @@ def test_routers_count_host_pages_after_the_device_prefix_at_their_weight():
     tier.offer(name, "tenant:a", "a", 0, writer="x", ready_s=9.0, now=0.0)
   assert [wk.prefix_credit(names, "tenant:a") for wk in workers] == [2 + 2 * w, 4 * w]
   assert [wk.prefix_credit(names, "tenant:b") for wk in workers] == [2, 0.0]
-  req = SimpleNamespace(prefill_tokens=X + [7], tenant="a", cache_salt="")
-  assert KvAwarePrefix().choose(req, workers[::-1]) is workers[0]
+  req = Request(id="q", arrival_s=0.0, prompt_ids=X + [7], tenant="a")
+  router = GuardedRouter(KvAwarePrefix(), Views(), "decode_router")   # (as the driver calls it)
+  assert router.choose(req, workers[::-1]) is workers[0]
 
 
 def test_report_shows_the_host_tier(tmp_path):

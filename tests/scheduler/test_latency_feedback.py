@@ -11,6 +11,7 @@ from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
 from pdjax.scheduler.policies import latency_model
+from pdjax.scheduler.policy_api import Views
 from pdjax.scheduler.policies.latency_feedback import LatencyFeedback, size_class
 
 
@@ -100,9 +101,9 @@ def test_instances_sharing_the_host_wait_for_each_others_steps_in_flight():
   end): decode-0's prefill of 0.04 s is predicted at 0.34 s when they share the host, 0.04 s
   when each has its own devices."""
   def worker(name, shares, in_flight=()):
-    w = types.SimpleNamespace(name=name, waiting=[], steps_in_flight=lambda: list(in_flight))
-    w.instance = types.SimpleNamespace(cost=Cost(), shares_host=shares)
-    return w
+    q = types.SimpleNamespace(name=name, waiting=[], steps_in_flight=lambda: list(in_flight))
+    q.instance = types.SimpleNamespace(cost=Cost(), shares_host=shares)
+    return Views().instance(q)     # (policies read instances through the policy API's views)
   step = types.SimpleNamespace(pending=types.SimpleNamespace(end_s=0.3))
   for shares, expected in ((True, 0.34), (False, 0.04)):
     dw, busy = worker("decode-0", shares), worker("prefill-1", shares, [step])

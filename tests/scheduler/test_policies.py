@@ -8,6 +8,8 @@ from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
 from pdjax.scheduler.policies.base import PathChoice
+from pdjax.scheduler.policy_api import Views, step_end_s
+from pdjax.scheduler.policy_guard import GuardedPath, GuardedRouter, GuardedStep
 
 DEFAULT_NAMES = dict(prefill_router="least_loaded", decode_router="least_loaded",
                      path="always_disagg", admission="none", colocated_policy="prefill_first",
@@ -84,7 +86,8 @@ class TestRouters:
     position drawn from the seed: 12 choices over 4 idle instances, 3 each, the same sequence
     for the same seed; power_of_two rotates only where it has nothing to sample (2 or fewer)."""
     ws = _workers(4 if name != "power_of_two" else 2)
-    names = lambda router, n: [router.choose(_req(i, 4, 1), ws).name[-1] for i in range(n)]
+    names = lambda router, n: [GuardedRouter(router, Views(), "decode_router").choose(
+        _req(i, 4, 1), ws).name[-1] for i in range(n)]
     seed0 = names(policy_lib.ROUTERS[name](seed=0), 12)
     if name == "power_of_two":
       assert seed0 == list("01" * 6)   # seed 0 starts at 50494 % 2
@@ -141,7 +144,8 @@ class _Signals:
     self.decode_step_s, self.transfer_s_per_page = decode_step_s, transfer_s_per_page
     self.token_interval_s = None
     self.tables = types.SimpleNamespace(page_size=4)
-    self.in_flight = []
+    self.instance = types.SimpleNamespace(cost=None, shares_host=False)
+    self.waiting, self.in_flight = [], []
 
   def queued_tokens(self):
     return self._queued
@@ -165,7 +169,7 @@ class TestSloHeadroom:
   SLO = dict(slo_ttft_s=1.0, slo_tpot_s=0.1, token_budget=16)
 
   def _choose(self, pw, dw):
-    policy = policy_lib.PATHS["slo_headroom"](**self.SLO)
+    policy = GuardedPath(policy_lib.PATHS["slo_headroom"](**self.SLO), Views())
     return policy.choose(_req(0, 100, 11), [pw], [dw], (pw, dw))
 
   def _decode(self, **kw):
@@ -284,12 +288,14 @@ class TestSloHeadroom:
     running.output_ids = [5]                                       # context 50
     step = Step(StepPlan(chunks=[(_req(7, 49, 2), 0, 16)], decodes=[running]), object(),
                 -0.01, "mixed")
-    assert latency_model.step_end_s(Cost(), step) == pytest.approx(0.017)
+    assert step_end_s(Cost(), step) == pytest.approx(0.017)
     decode = Step(StepPlan(decodes=[running]), object(), 0.0, "decode")
-    assert latency_model.step_end_s(Cost(), decode) == pytest.approx(0.025)
+    assert step_end_s(Cost(), decode) == pytest.approx(0.025)
     dw = _Signals("decode-0")
     dw.waiting, dw.in_flight = [], [step]
-    assert latency_model.modelled_prefill_s(Cost(), dw, 100, 16, 0.0) == pytest.approx(0.187)
+    dw.instance = types.SimpleNamespace(cost=Cost(), shares_host=False)
+    assert latency_model.modelled_prefill_s(Cost(), Views().instance(dw), 100, 16,
+                                            0.0) == pytest.approx(0.187)
 
   def test_finished_requests_token_intervals_stretch_the_predicted_tpot(self):
     """decode-0's finished requests measured token intervals (from their second token on:
@@ -437,8 +443,8 @@ class TestLocalChunked:
     from pdjax.scheduler.policies.chunked_prefill import ChunkedPrefill
     from pdjax.scheduler.policies.local_chunked import LocalChunked
     from pdjax.scheduler.policies.prefill_first import PrefillFirst
-    return LocalChunked(PrefillFirst(token_budget=16, max_prefill_seqs=4),
-                        ChunkedPrefill(chunk_budget=8, max_prefill_seqs=5))
+    return GuardedStep(LocalChunked(PrefillFirst(token_budget=16, max_prefill_seqs=4),
+                                    ChunkedPrefill(chunk_budget=8, max_prefill_seqs=5)), Views())
 
   def test_prefill_tier_whole_decode_tier_chunked(self):
     prefill, decode = _workers(1, role="prefill")[0], _workers(1, role="decode")[0]

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from pdjax.scheduler.policies import checker
+from pdjax import policy_check as checker
 from pdjax.scheduler.policies.base import PathChoice, StepPlan
 
 POLICIES = textwrap.dedent('''

@@ -116,7 +116,7 @@ def test_trace_truncation_reported_with_file_name():
 @pytest.mark.parametrize("overrides, message", [
     (dict(kind="foo"),
      "workload.kind='foo' is not one of ['synthetic', 'azure', 'mooncake', 'burstgpt', "
-     "'jsonl']"),
+     "'jsonl', 'python']"),
     (dict(kind="azure"), "workload.path='' is required for kind=azure"),
     (dict(preset="lognormal", lognormal_sigma=0.0),
      "workload.lognormal_sigma=0.0 must be a finite number > 0"),

@@ -1,10 +1,8 @@
 """The policy interfaces the driver calls. Pure Python: the simulator reuses them verbatim.
 
-Policies see workers (the driver's `InstanceQueue`s, pdjax/scheduler/instance_queue.py) through a
-few read-only load signals:
-`name`, `role`, `queued_tokens()`, `num_waiting()`, `num_running()`, `free_pages()`,
-`total_pages()`, `max_batch`, and measured rates `prefill_tok_s` / `decode_step_s` (None until
-measured).
+Policies see instances and requests only through the read-only views of the policy API
+(pdjax/scheduler/policy_api.py: `InstanceView`, `RequestView`), built-in and user policies alike;
+subclassing these bases is not required (a class with the methods is enough: registry.py).
 """
 
 from __future__ import annotations
@@ -84,7 +82,7 @@ class StepPolicy:
   def plan(self, worker, admit) -> StepPlan:
     """`admit(req)` allocates a waiting request's prompt pages and, when it will decode on
     this worker, reserves its decode slot (counted by `num_running()`); False means no room.
-    A request is admitted once (`req.id in worker.tables` afterwards)."""
+    A request is admitted once (`worker.admitted(req)` afterwards)."""
     raise NotImplementedError
 
 

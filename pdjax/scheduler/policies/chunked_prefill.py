@@ -17,7 +17,7 @@ class ChunkedPrefill(StepPolicy):
     for req in worker.waiting:
       if left <= 0 or len(chunks) + len(decodes) >= self.max_seqs:
         break
-      if req.id not in worker.tables:   # a new prompt needs its pages and a decode slot
+      if not worker.admitted(req):   # a new prompt needs its pages and a decode slot
         if (worker.keeps(req) and worker.num_running() >= worker.max_batch) or not admit(req):
           break
       start = req.num_computed_tokens

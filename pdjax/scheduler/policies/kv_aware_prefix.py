@@ -24,7 +24,7 @@ class KvAwarePrefix(Router):
     if not candidates:
       return None
     tokens = req.prefill_tokens
-    page_size = candidates[0].tables.page_size
+    page_size = candidates[0].page_size
     salt = salt_for(req.tenant, self.shared_salt, req.cache_salt)
     names = prefix_names(salt, tokens, page_size)
     def cost(w):

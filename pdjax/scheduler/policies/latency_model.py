@@ -48,7 +48,7 @@ def uncached_tokens(worker, req, shared_salt: str = "") -> int:
   tokens = req.prefill_tokens
   if not tokens:
     return 0
-  page_size = worker.tables.page_size
+  page_size = worker.page_size
   salt = salt_for(req.tenant, shared_salt, req.cache_salt)
   cached = int(worker.prefix_credit(prefix_names(salt, tokens, page_size), salt) * page_size)
   return max(len(tokens) - cached, 1)
@@ -76,7 +76,7 @@ def predicted_transfer_s(dst, req, shared_salt: str = "") -> float | None:
   seconds per page (None until a transfer landed there)."""
   if not dst.transfer_s_per_page:
     return None
-  pages = -(-uncached_tokens(dst, req, shared_salt) // dst.tables.page_size)
+  pages = -(-uncached_tokens(dst, req, shared_salt) // dst.page_size)
   return pages * dst.transfer_s_per_page
 
 
@@ -117,7 +117,7 @@ def batch_tpot_s(dw, step_s: float, stall_s: float) -> float | None:
   holding a slot there (KV on its way) count as running. None when nothing runs there. A
   local path's headroom is judged on this too: a prefill that meets its own SLOs by stalling
   a batch of short answers past theirs is not headroom."""
-  batch = [*dw.running, *dw.reserved.values()]
+  batch = [*dw.running, *dw.reserved]
   if not batch:
     return None
   return max(step_s + stall_s / max(r.sampling.max_new_tokens - 1, 1) for r in batch)
@@ -132,43 +132,27 @@ def _local(ttft: float, tpot: float, cost_s: float, batch: float | None,
 def step_cost(worker):
   """The worker's step cost model (sim/roofline.py, sim/calibrated.py) when its instance has
   one, else None."""
-  return getattr(getattr(worker, "instance", None), "cost", None)
-
-
-def step_end_s(cost, step) -> float:
-  """When a step in flight ends: known on the virtual clock (a simulated step's `end_s`), else
-  its start plus the cost model's seconds for its plan (a real step: prompt chunks, with the
-  decode rows riding along as one-token chunks, or a decode step)."""
-  end = getattr(step.pending, "end_s", None)
-  if end is not None:
-    return end
-  plan = step.plan
-  contexts = [r.prompt_len + len(r.output_ids) for r in plan.decodes]
-  if plan.chunks:
-    return step.start_s + cost.prefill_s([(stop - start, start) for _, start, stop in plan.chunks]
-                                         + [(1, c - 1) for c in contexts])
-  return step.start_s + cost.decode_s(contexts)
+  return worker.cost
 
 
 def host_wait_s(worker, host: list, now: float) -> float:
   """Seconds from `now` until the steps in flight on the other instances that share worker's
-  host cores have ended (each from its own cost model: `step_end_s`); 0 unless worker's
-  instance shares them (`shares_host`: set on the real engine's instances on the CPU)."""
-  if not getattr(getattr(worker, "instance", None), "shares_host", False):
+  host cores have ended (each from its own cost model: `InstanceView.step_ends_s`); 0 unless
+  worker's instance shares them (`shares_host`: set on the real engine's instances on the
+  CPU)."""
+  if not worker.shares_host:
     return 0.0
-  ends = [step_end_s(cost, s) - now for w in host if w is not worker
-          and getattr(w.instance, "shares_host", False) and (cost := step_cost(w)) is not None
-          for s in w.steps_in_flight()]
+  ends = [end - now for w in host if w is not worker and w.shares_host
+          for end in w.step_ends_s()]
   return max(ends + [0.0])
 
 
 def modelled_prefill_s(cost, worker, tokens: int, token_budget: int, now: float,
                        wait_s: float = 0.0) -> float:
-  """Seconds from `now` for worker to finish its steps in flight (`step_end_s`) and wait
+  """Seconds from `now` for worker to finish its steps in flight (`step_ends_s`) and wait
   wait_s (`host_wait_s`), then prefill what waits there and `tokens`, FCFS in steps of at
   most token_budget tokens, each step's time from the cost model."""
-  ends = [step_end_s(cost, s) for s in worker.steps_in_flight()]
-  total = max([e - now for e in ends] + [wait_s, 0.0])
+  total = max([e - now for e in worker.step_ends_s()] + [wait_s, 0.0])
   step, used = [], 0
   for n in [r.prefill_len - r.num_computed_tokens for r in worker.waiting] + [tokens]:
     while n > 0:
@@ -201,8 +185,8 @@ def modelled_transfer_s(cost, dst, req, shared_salt: str = "") -> float:
   measured = predicted_transfer_s(dst, req, shared_salt)
   if measured is not None:
     return measured
-  pages = -(-uncached_tokens(dst, req, shared_salt) // dst.tables.page_size)
-  return cost.transfer_s(dst.instance.kv_bytes(cost.moved_pages(pages)))
+  pages = -(-uncached_tokens(dst, req, shared_salt) // dst.page_size)
+  return cost.transfer_s(dst.kv_bytes(cost.moved_pages(pages)))
 
 
 def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int,

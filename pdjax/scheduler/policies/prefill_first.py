@@ -20,7 +20,7 @@ class PrefillFirst(StepPolicy):
     for req in worker.waiting:    # first come first served: stop at the first that can't go
       if len(chunks) == self.max_seqs:
         break
-      if req.id not in worker.tables:   # not admitted yet: needs its pages and a decode slot
+      if not worker.admitted(req):   # not admitted yet: needs its pages and a decode slot
         if (worker.keeps(req) and worker.num_running() >= worker.max_batch) or not admit(req):
           break
       start, end = req.num_computed_tokens, req.prefill_len   # after admit: cached prefix

@@ -20,7 +20,7 @@ class PrefixHybrid(PathPolicy):
     tokens = req.prefill_tokens
     cached = 0
     if decode_tier:
-      page_size = decode_tier[0].tables.page_size
+      page_size = decode_tier[0].page_size
       salt = salt_for(req.tenant, self.shared_salt, req.cache_salt)
       names = prefix_names(salt, tokens, page_size)
       cached = max(w.prefix_credit(names, salt) for w in decode_tier) * page_size

@@ -56,7 +56,7 @@ class Prefix(Scorer):
     self._names = (None, None)   # (request id, its page names and salt): once per request
 
   def raw(self, req, worker):
-    page_size = worker.tables.page_size
+    page_size = worker.page_size
     if self._names[0] is not req:
       salt = salt_for(req.tenant, self.shared_salt, req.cache_salt)
       self._names = (req, (prefix_names(salt, req.prefill_tokens, page_size), salt))
