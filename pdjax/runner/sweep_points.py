@@ -18,8 +18,15 @@ def load_sweep(config_path: str) -> list[dict]:
   return list(module.get_sweep())
 
 
+# Config dicts whose keys are the user's own: a point may add one (a point that names the
+# user's policy also sets its arguments: "scheduler.policy_args.index"; the built-in points'
+# configs keep none, as config validation wants).
+FREE_FORM = ("scheduler.policy_args",)
+
+
 def apply_overrides(cfg, overrides: dict):
-  """A copy of cfg with dotted-key overrides; an unknown key is a one-line error."""
+  """A copy of cfg with dotted-key overrides; an unknown key is a one-line error (a new key
+  of a FREE_FORM dict is not unknown)."""
   new = cfg.copy_and_resolve_references()
   for key, value in overrides.items():
     node = new
@@ -29,7 +36,11 @@ def apply_overrides(cfg, overrides: dict):
         raise config_lib.ConfigError(f"sweep override {key!r}: unknown config key")
       node = node[part]
     if parts[-1] not in node:
-      raise config_lib.ConfigError(f"sweep override {key!r}: unknown config key")
+      if ".".join(parts[:-1]) not in FREE_FORM:
+        raise config_lib.ConfigError(f"sweep override {key!r}: unknown config key")
+      with node.unlocked():
+        node[parts[-1]] = value
+      continue
     node[parts[-1]] = value
   return new
 
@@ -67,7 +78,11 @@ def write_plots(workdir: str, rows: list[dict], rates: dict[int, float], target:
 
 
 def folder_of(index: int, label: str) -> str:
-  """A point's folder (and its name in sweep.md's differences when its name repeats)."""
+  """A point's folder (and its name in sweep.md's differences when its name repeats): its
+  label, a path separator in it (a value that is a file: sim.hardware=chips/my_chip.json)
+  as "_", so that each point is one folder; ':' (an import path) and '=' stay."""
+  for sep in {os.sep, os.altsep or os.sep, "/"}:
+    label = label.replace(sep, "_")
   return f"{index:02d}-{label}"
 
 

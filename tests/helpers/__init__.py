@@ -8,4 +8,6 @@ sim_snapshots   the golden simulator snapshots' configs (tests/snapshots/) and t
 hf_reference    transformers' greedy tokens for a list of prompts (the reference runs compare to)
 paths           the repository root, tests/, tests/fixtures/ and tests/snapshots/ as paths
 import_walk     which modules a repo file imports (ast), for the layering and no-jax tests
+user_study      a study folder of the user's own policies and the check that requests went
+                where they say (engine, Ray, server and sweep tests of issue 46)
 """
