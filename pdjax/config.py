@@ -288,6 +288,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   limit = cfg.get("server", {}).get("max_body_bytes", 1)
   _require(isinstance(limit, int) and limit >= 1, "server.max_body_bytes", limit,
            "must be an integer >= 1")
+  public = cfg.get("server", {}).get("metrics_public", False)
+  _require(isinstance(public, bool), "server.metrics_public", public, "must be true or false")
   keys = cfg.get("server", {}).get("api_keys", "")
   if keys:
     from pdjax.server.protocol import load_api_keys

@@ -173,6 +173,7 @@ def get_config(arg=None):
   c.server.max_body_bytes = 4 * 1024 * 1024   # a larger request body is refused (413)
   c.server.api_keys = ""                   # JSON file {"<key>": "<tenant>"}: each request needs
                                            #   a key (401); its tenant salts and bounds it
+  c.server.metrics_public = False          # with api_keys: /metrics answers without a key too
   c.debug = False                          # invariants after every scheduler turn; jax: each greedy
                                            # output == the same request run alone (slow)
 

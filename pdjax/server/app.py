@@ -4,7 +4,9 @@ streams of `data: {...}` chunks ending with `data: [DONE]`), /v1/models, /health
 Status codes, every one with OpenAI's error body {"error": {"message", "type", "param",
 "code"}}: 400 for a request the server refuses to run (bad JSON, an unknown parameter, model or
 role, a chat template that refuses the messages, an empty or over-long prompt: protocol.py;
-one the cluster can never serve), 413 for a body over max_body_bytes, 429 when admission
+one the cluster can never serve), 401 without a valid API key (server.api_keys: /v1/ and
+/metrics, unless server.metrics_public), 409 for a tenant's flush of a cache every tenant
+shares (kv.shared_salt), 413 for a body over max_body_bytes, 429 when admission
 control or a tenant's quota rejects it for now (the reason as the message), 503 while the
 server starts or drains or when no instance can take it, 500 when the engine failed the
 request or stopped (the reason). /health: 200 {"status": "ok"} once ready; 503 "starting"
@@ -29,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdjax.request import Status
 from pdjax.server import protocol
-from pdjax.server.engine_api import Draining, EngineStopped, error_text
+from pdjax.server.engine_api import Draining, EngineStopped, SharedCache, error_text
 
 DISCONNECT_POLL_S = 0.5   # a non-streaming request checks for its client this often
 MAX_BODY_BYTES = 4 * 1024 * 1024   # server.max_body_bytes' default: a larger body gets 413
@@ -54,10 +56,15 @@ async def read_body(http: HttpRequest, limit: int) -> bytes:
 
 def make_app(engine, *, model_name: str, max_model_len: int, vocab_size: int,
              metrics=None, lifespan=None, max_body_bytes: int = MAX_BODY_BYTES,
-             api_keys: dict[str, str] | None = None) -> FastAPI:
-  """api_keys: {key: tenant} (server.api_keys); when given, /v1/ requests without a valid
+             api_keys: dict[str, str] | None = None,
+             metrics_public: bool = False) -> FastAPI:
+  """api_keys: {key: tenant} (server.api_keys; ValueError for a tenant name
+  protocol.tenant_problem refuses); when given, /v1/ and /metrics requests without a valid
   `Authorization: Bearer` key get 401, and the key's tenant salts and bounds the request.
-  metrics: an in-process engine's ServerMetrics for /metrics (default: the engine's own)."""
+  The keys are held hashed (protocol.ApiKeys). metrics_public (server.metrics_public):
+  /metrics answers without a key. metrics: an in-process engine's ServerMetrics for /metrics
+  (default: the engine's own)."""
+  api_keys = protocol.ApiKeys(api_keys) if api_keys else None
   app = FastAPI(title="pdjax", lifespan=lifespan)
   max_prompt_chars = protocol.max_prompt_chars_for(engine.tokenizer, max_model_len)
 
@@ -93,11 +100,15 @@ def make_app(engine, *, model_name: str, max_model_len: int, vocab_size: int,
                                         "owned_by": "pdjax", "max_model_len": max_model_len}]}
 
   @app.get("/metrics")
-  async def prometheus():
+  async def prometheus(http: HttpRequest):
     try:
+      if api_keys and not metrics_public:   # the load, queues and tenants' traffic it shows
+        protocol.tenant_of(http.headers.get("authorization"), api_keys)
       body, content_type = await engine.metrics_text(metrics)
     except EngineStopped as e:
       return error(protocol.ApiError(503, str(e)))
+    except protocol.ApiError as e:
+      return error(e)
     return Response(body, media_type=content_type)
 
   async def generate(http: HttpRequest, chat: bool):
@@ -146,7 +157,8 @@ def make_app(engine, *, model_name: str, max_model_len: int, vocab_size: int,
     """Deletes a tenant's KV: its pages (and its cache_salts') in every device cache and every
     node's host tier, audited in kv_audit.jsonl; nothing of it can be reused after. With
     server.api_keys the key names the tenant (a body "tenant" must be the same); without,
-    the body's "tenant" ("" by default: requests without a key). Answers {"tenant", "pages"}."""
+    the body's "tenant" ("" by default: requests without a key). Answers {"tenant", "pages"};
+    409 under kv.shared_salt (no page is the tenant's own: engine_api.SharedCache)."""
     try:
       own = protocol.tenant_of(http.headers.get("authorization"), api_keys) if api_keys else None
       raw = await read_body(http, max_body_bytes)
@@ -156,13 +168,18 @@ def make_app(engine, *, model_name: str, max_model_len: int, vocab_size: int,
         raise protocol.ApiError(400, f"the request body is not valid JSON: {e}") from None
       asked = body.get("tenant") if isinstance(body, dict) else None
       if asked is not None and not isinstance(asked, str):
-        raise protocol.ApiError(400, f"tenant must be a string, got {asked!r}", "tenant")
+        raise protocol.ApiError(400, f"tenant must be a string, got {protocol.show(asked)}",
+                                "tenant")
+      if asked and (problem := protocol.tenant_problem(asked)):   # no key file could hold it
+        raise protocol.ApiError(400, problem, "tenant")
       if own is not None and asked not in (None, own):
         raise protocol.ApiError(403, "an API key may flush only its own tenant's KV", "tenant")
       tenant = own if own is not None else (asked or "")
       if engine.error is not None or not engine.alive:
         raise protocol.ApiError(503, "the engine is not running")
       pages = await engine.flush_tenant(tenant)
+    except SharedCache as e:
+      return error(protocol.ApiError(409, str(e)))
     except EngineStopped as e:
       return error(protocol.ApiError(503, str(e)))
     except protocol.ApiError as e:

@@ -35,7 +35,8 @@ from pdjax.request import Request, SamplingParams, Status
 from pdjax.scheduler.driver import RunResult
 from pdjax.scheduler.clock import WallClock
 from pdjax.scheduler.inbox import Inbox
-from pdjax.server.engine_api import Draining, EngineStopped, Outcome, stopped_reason
+from pdjax.server.engine_api import (Draining, EngineStopped, Outcome, SharedCache,
+                                     stopped_reason)
 from pdjax.server.startup import Startup, StartupCancelled
 from pdjax.server.text_stream import CONTEXT_TOKENS, TextStream
 
@@ -207,8 +208,14 @@ class DriverBridge:
       return len(self._live)
 
   async def flush_tenant(self, tenant: str) -> int:
-    """POST /v1/kv/flush: the tenant's KV forgotten on the driver's thread; the pages."""
-    return await asyncio.wrap_future(self.inbox.call(lambda d: d.flush_tenant(tenant)))
+    """POST /v1/kv/flush: the tenant's KV forgotten on the driver's thread; the pages.
+    Raises SharedCache under kv.shared_salt (the driver's flush would forget every
+    tenant's pages: an operator's kv.flush_tenants may, a tenant may not)."""
+    def flush(driver) -> int:
+      if driver.opts.shared_salt:
+        raise SharedCache(SharedCache.MESSAGE)
+      return driver.flush_tenant(tenant)
+    return await asyncio.wrap_future(self.inbox.call(flush))
 
   async def metrics_text(self, metrics=None) -> tuple[bytes | str, str]:
     """GET /metrics: (body, content type) of `metrics` (default the engine's own), its

@@ -35,6 +35,13 @@ class EngineStopped(Exception):
   any more (500)."""
 
 
+class SharedCache(Exception):
+  """A tenant's flush refused: kv.shared_salt names every tenant's pages under one salt, so
+  none is the tenant's own, and flushing them would wipe every tenant's cache (409)."""
+  MESSAGE = ("kv.shared_salt is set: every tenant's prefix-cache pages are shared, so one "
+             "tenant's cannot be flushed without wiping everyone's")
+
+
 class RemoteError(Exception):
   """An error raised in the engine-core process, as the HTTP process knows it: the name of
   its type (`kind`) and its message."""

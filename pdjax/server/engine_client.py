@@ -23,8 +23,8 @@ import queue
 import threading
 import time
 
-from pdjax.server.engine_api import (Draining, EngineStopped, RemoteError, SharedWallClock,
-                                     stopped_reason)
+from pdjax.server.engine_api import (Draining, EngineStopped, RemoteError, SharedCache,
+                                     SharedWallClock, stopped_reason)
 from pdjax.server.engine_core import engine_main
 from pdjax.server.startup import StartupMirror
 
@@ -233,7 +233,8 @@ class EngineClient:
   def _on_reply(self, call_id: int, value, kind: str | None, message: str | None) -> None:
     with self._lock:
       loop, future = self._calls.pop(call_id)
-    error = None if kind is None else RemoteError(kind, message)
+    error = (None if kind is None else SharedCache(message) if kind == SharedCache.__name__
+             else RemoteError(kind, message))
     _resolve_soon(loop, future, value, error)
 
   def _on_driver_ended(self, kind: str | None, message: str | None, cancelled: bool) -> None:

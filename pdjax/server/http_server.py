@@ -63,7 +63,8 @@ def serve_http(engine, cfg, mcfg, name: str, run: str, *, host: str, port: int,
   web = make_app(engine, model_name=name, max_model_len=cfg.kv.max_model_len,
                  vocab_size=mcfg.vocab_size, max_body_bytes=int(cfg.server.max_body_bytes),
                  api_keys=(protocol.load_api_keys(cfg.server.api_keys)
-                           if cfg.server.get("api_keys") else None))
+                           if cfg.server.get("api_keys") else None),
+                 metrics_public=cfg.server.get("metrics_public", False))
   web = RetryAfter(web)
   web.server = server = DrainingServer(
       uvicorn.Config(web, host=host, port=port, log_level="warning",

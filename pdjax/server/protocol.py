@@ -37,7 +37,8 @@ class ApiError(Exception):
   def body(self) -> dict:
     kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
             404: "not_found_error",
-            405: "invalid_request_error", 413: "invalid_request_error",
+            405: "invalid_request_error", 409: "invalid_request_error",
+            413: "invalid_request_error", 415: "invalid_request_error",
             429: "rate_limit_error", 503: "service_unavailable"}.get(self.status, "server_error")
     return {"error": {"message": self.message, "type": kind, "param": self.param,
                       "code": self.status}}
@@ -191,31 +192,103 @@ def _cache_salt(body: dict) -> str:
   return salt
 
 
-def tenant_of(authorization: str | None, api_keys: dict[str, str]) -> str:
-  """The tenant of the API key in an `Authorization: Bearer <key>` header (server.api_keys);
-  ApiError(401) without a header or with a key not in api_keys."""
+SALT_SEPARATOR = "/salt:"    # pdjax.kv.prefix_cache.salt_for: "tenant:<name>/salt:<cache_salt>"
+MAX_TENANT_CHARS = 256
+
+
+def tenant_problem(name: str, where: str = "") -> str | None:
+  """Why `name` cannot be a tenant (None: it can); `where` follows the name in the message. Page salts are "tenant:<name>", narrowed
+  by a request's cache_salt to "tenant:<name>/salt:<cache_salt>": a tenant named
+  "a/salt:x" would share pages with tenant a's requests of cache_salt "x", and a's flush
+  would wipe its pages. Printable: names go into kv_audit.jsonl and answers."""
+  if not isinstance(name, str) or not 0 < len(name) <= MAX_TENANT_CHARS \
+      or not name.isprintable():
+    return (f"tenant {show(name)}{where} must be printable text of at most "
+            f"{MAX_TENANT_CHARS} characters")
+  if SALT_SEPARATOR in name:
+    return (f"tenant {show(name)}{where} contains {SALT_SEPARATOR!r}, which separates a "
+            "tenant from its requests' cache_salt")
+  return None
+
+
+class ApiKeys:
+  """server.api_keys, as the server holds them: a SHA-256 digest per key (never the key) and
+  its tenant. A presented key is hashed and compared with every digest by
+  hmac.compare_digest, without stopping at a match: the time taken says nothing of how much
+  of a guessed key is right, nor which key matched."""
+
+  def __init__(self, keys: dict[str, str]):
+    """keys: {key: tenant}; ValueError for an empty key or a tenant name tenant_problem
+    refuses (naming the key by its place, never by itself)."""
+    import hashlib
+    if not isinstance(keys, dict) or not keys:
+      raise ValueError("API keys must be a non-empty object of \"key\": \"tenant\" strings")
+    self._digests = []
+    for i, (key, tenant) in enumerate(keys.items(), 1):
+      if not isinstance(key, str) or not key.strip() or key != key.strip():
+        raise ValueError(f"key #{i} must be a non-empty string without surrounding spaces")
+      problem = tenant_problem(tenant, f" (of key #{i})")
+      if problem:
+        raise ValueError(problem)
+      self._digests.append((hashlib.sha256(key.encode()).digest(), tenant))
+
+  def tenant(self, key: str) -> str | None:
+    import hashlib
+    import hmac
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+    found = None
+    for known, tenant in self._digests:   # all of them, whatever matched
+      if hmac.compare_digest(digest, known):
+        found = tenant
+    return found
+
+
+def tenant_of(authorization: str | None, api_keys) -> str:
+  """The tenant of the API key in an `Authorization: Bearer <key>` header (server.api_keys:
+  an ApiKeys, or a {key: tenant} dict); ApiError(401) without a header or with a key not in
+  api_keys."""
+  if not isinstance(api_keys, ApiKeys):
+    api_keys = ApiKeys(api_keys)
   scheme, _, key = (authorization or "").partition(" ")
   if scheme.lower() != "bearer" or not key.strip():
     raise ApiError(401, "this server needs an API key: Authorization: Bearer <key>")
-  tenant = api_keys.get(key.strip())
+  tenant = api_keys.tenant(key.strip())
   if tenant is None:
     raise ApiError(401, "the API key is not valid")
   return tenant
 
 
 def load_api_keys(path: str) -> dict[str, str]:
-  """server.api_keys: a JSON object {"<key>": "<tenant>", ...}; ValueError naming the file."""
+  """server.api_keys: a JSON object {"<key>": "<tenant>", ...} (ApiKeys checks it);
+  ValueError naming the file."""
   import json
   try:
     with open(path) as f:
       keys = json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
+  except (OSError, ValueError, RecursionError) as e:
     raise ValueError(f"server.api_keys={path!r}: {e}") from None
   if not isinstance(keys, dict) or not keys or not all(
       isinstance(k, str) and k and isinstance(t, str) and t for k, t in keys.items()):
     raise ValueError(f"server.api_keys={path!r} must hold a JSON object of non-empty "
                      f"\"key\": \"tenant\" strings")
+  try:
+    ApiKeys(keys)
+  except ValueError as e:
+    raise ValueError(f"server.api_keys={path!r}: {e}") from None
   return keys
+
+
+def show(value, limit: int = 100) -> str:
+  """repr(value) for an error message, cut to about `limit` characters (a client's 4 MiB
+  value is not echoed back)."""
+  if isinstance(value, str) and len(value) > limit:
+    r = repr(value[:limit])
+    return f"{r[:-1]}...{r[-1]}"
+  try:
+    r = repr(value)
+  except RecursionError:    # a deeply nested value
+    return f"<a deeply nested {type(value).__name__}>"
+  return r if len(r) <= limit else r[:limit] + "..."
 
 
 def _stops(body: dict) -> tuple[str, ...]:
