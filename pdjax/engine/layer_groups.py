@@ -28,7 +28,7 @@ from pdjax.engine import batch as batch_lib
 from pdjax.engine import mesh as mesh_lib
 from pdjax.engine import programs
 from pdjax.engine import ready_wait
-from pdjax.engine.options import group_bounds  # noqa: F401  (re-exported)
+from pdjax.kv.layer_groups import group_bounds
 from pdjax.engine.sampling import row_keys, sample
 from pdjax.kv.transfer_result import TransferResult
 from pdjax.models.llama import Llama, layer_group_params

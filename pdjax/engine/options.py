@@ -44,22 +44,6 @@ class EngineOptions:
     return tuple(out) + (self.pages_per_seq,)
 
 
-def group_bounds(num_layers: int, groups: int) -> tuple[tuple[int, int], ...]:
-  """kv.stream_layers' layer groups: G consecutive ranges covering [0, num_layers), sizes
-  differing by at most one, the larger first (the last group's transfer is the one left
-  exposed after the prefill: keep it the smallest)."""
-  if not 1 <= groups <= num_layers:
-    raise ValueError(f"layer groups must be in [1, {num_layers}] (the model's layers), "
-                     f"got {groups}")
-  base, extra = divmod(num_layers, groups)
-  out, at = [], 0
-  for g in range(groups):
-    size = base + (g < extra)
-    out.append((at, at + size))
-    at += size
-  return tuple(out)
-
-
 def tier_options(cfg, opts: EngineOptions) -> dict[str, EngineOptions]:
   """Per role, the run's options with that tier's KV pool (cluster.<role>.kv_pages, when set)."""
   return {role: dataclasses.replace(opts, num_pages=cfg.cluster[role].get("kv_pages", 0)

@@ -24,24 +24,18 @@ Host logic only: instances are passed in; tests drive this loop with fake instan
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import time
 from collections import deque
-from collections.abc import Sequence
-
-import numpy as np
 
 from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
 from pdjax.kv.audit import KvAudit
 from pdjax.kv.prefix_cache import flush_tenant
-from pdjax.metrics import columns
 from pdjax.request import Request, Status
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.admission import Admission
 from pdjax.scheduler.collect import Collect
 from pdjax.scheduler.decode_segments import DecodeSegments
+from pdjax.scheduler.driver_options import DriverOptions  # noqa: F401  (re-exported)
 from pdjax.scheduler.fast_forward import FastForward
 from pdjax.scheduler.instance_queue import InstanceQueue
 from pdjax.scheduler.invariants import Invariants
@@ -51,83 +45,15 @@ from pdjax.scheduler.policy_guard import guard
 from pdjax.scheduler.records import SAMPLE_FIELDS, STEP_FIELDS, new_records
 from pdjax.scheduler.recovery import Recovery
 from pdjax.scheduler.remesh import Remesh
+from pdjax.scheduler.run_result import RunResult  # noqa: F401  (re-exported)
 from pdjax.scheduler.spill import SpilledList
 from pdjax.scheduler.steps import Steps
 from pdjax.scheduler.streams import Streams
 from pdjax.scheduler.tally import Tally
 from pdjax.scheduler.transfers import Transfers
+from pdjax.scheduler.waiting import Waiting
 
-POLL_S = 0.0002   # how often the loop checks in-flight steps when none is done
-BLOCK_MAX_S = 0.01   # longest blocking wait on pending objects that can block (see _block)
 IDLE_WAIT_S = 0.05   # an idle driver serving an inbox checks back this often
-
-
-@dataclasses.dataclass(frozen=True)
-class DriverOptions:
-  token_budget: int          # prompt tokens per prefill step (prefill_first's limit)
-  max_prefill_seqs: int      # sequences per prefill step
-  max_decode_batch: int      # running sequences per instance
-  max_model_len: int         # prompt + generated tokens per sequence
-  pool_pages: int            # pages in each instance's pool
-  page_size: int
-  shared_salt: str = ""      # prefix cache: one salt for all tenants ("" = per tenant)
-  tenant_quota_pages: int = 0   # KV pages a tenant may hold or reserve per tier (0: no quota)
-  flush_schedule: tuple[tuple[float, str], ...] = ()   # (seconds, tenant): forget its cache
-  vocab_size: int = 0        # prompt token ids must be in [0, vocab_size) (0: unchecked)
-  transfer_failure_policy: str = "retry_then_recompute"   # or "fail"
-  transfer_retries: int = 3  # retries of a failed KV transfer before the policy decides
-  transfer_backoff_s: float = 0.005   # first retry's delay; doubles per retry
-  transfer_timeout_s: float = 0.0     # an attempt stalled longer fails (0: no timeout)
-  lease_s: float = 0.0       # prefill-side KV no decode instance pulled is reclaimed (0: never)
-  debug: bool = False        # check every invariant after every loop turn
-  step_timeout_s: float = 300.0   # a device step not done after this long (wall clock) means
-                                  # a hung device: the instance is treated as dead (0: never)
-  overlap: bool = True       # dispatch a worker's next step before its decode step's tokens
-                             # reach the host (instances with `device_tokens`; see steps.py)
-  fast_forward: bool = True  # virtual clock: run decode chains between events without a loop
-                             # turn per step (identical results; see fast_forward.py)
-  stream_layers: int = 0     # kv.stream_layers: a prompt's KV streamed to its decode instance
-                             # while it prefills (instances with `streams_kv`; streams.py)
-  stream_min_tokens: int = 0   # shorter prompts are sent whole after their prefill
-  slo_ttft_s: float = 0.0    # the run's SLO, as the policies read it (RequestView.slo; 0: none)
-  slo_tpot_s: float = 0.0
-
-
-@dataclasses.dataclass
-class RunResult:
-  requests: list[Request]
-  transfers: list[dict]
-  duration_s: float
-  steps: Sequence[dict]      # one per executed step (see Driver._collect; fields:
-                             # scheduler/records.py STEP_FIELDS; a RecordTable unless spilled)
-  samples: Sequence[dict]    # worker state: at each dispatch and wherever it changed since
-                             # (Driver._record_state; SAMPLE_FIELDS)
-  role_switches: list[dict]
-  preemptions: int
-  flushes: list[dict] = dataclasses.field(default_factory=list)   # {"t_s", "tenant", "pages"}
-  faults: dict = dataclasses.field(default_factory=dict)   # injected and recovery counts
-  fast_forwarded: int = 0    # steps collected by the decode fast-forward (not an output)
-  tally: Tally = dataclasses.field(default_factory=Tally)   # counters as they happened
-  segment_steps: int = 0     # fast-forwarded steps collected in decode segments (not an output)
-  remesh_events: list[dict] = dataclasses.field(default_factory=list)   # one per re-mesh
-                             # (scheduler/remesh.py): layouts, phases' seconds, moved requests
-  instances: list = dataclasses.field(default_factory=list)   # every instance the run used,
-                             # those a re-mesh replaced and made included
-  kv_audit: Sequence[dict] = dataclasses.field(default_factory=list)   # kv_audit.jsonl's
-                             # lines (kv/audit.py; empty without the prefix cache)
-
-  def step_counts(self) -> dict[str, dict[str, int]]:
-    """{instance: {kind: steps}}, both in order of first appearance."""
-    counts: dict[str, dict[str, int]] = {}
-    (inst, inst_names), (kind, kind_names) = (columns.codes(self.steps, "instance"),
-                                              columns.codes(self.steps, "kind"))
-    pairs = inst * len(kind_names) + kind
-    unique, first, n = np.unique(pairs, return_index=True, return_counts=True)
-    for i in np.argsort(first, kind="stable").tolist():
-      pair = int(unique[i])
-      per = counts.setdefault(inst_names[pair // len(kind_names)], {})
-      per[kind_names[pair % len(kind_names)]] = int(n[i])
-    return counts
 
 
 def _slo(options: DriverOptions) -> Slo | None:
@@ -145,7 +71,7 @@ def default_policies(options: DriverOptions) -> policy_lib.Policies:
 
 
 class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Transfers,
-             Recovery, Remesh, Invariants):
+             Recovery, Remesh, Invariants, Waiting):
 
   def __init__(self, mode: str, workers: list[InstanceQueue], *, options: DriverOptions, clock,
                transfer_fn=None, policies: policy_lib.Policies | None = None,
@@ -384,59 +310,6 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     for w in self.workers:
       self._touch(w)   # freed pages may let a waiting request in
     return pages
-
-  def _wait_any(self, inflight: list[InstanceQueue],
-                wake: float | None = None) -> list[InstanceQueue]:
-    """The in-flight workers whose step is done, polling until at least one is or until
-    `wake` (an event or lease expiry is due)."""
-    if not inflight and not self._pending_transfers and not self._restarting:
-      return []
-    ends = [getattr(w.inflight.pending, "end_s", None) for w in inflight]
-    lands = [getattr(t, "end_s", None) for *_, t in self._pending_transfers]
-    if hasattr(self.clock, "advance_to") and None not in ends + lands:
-      # virtual time: jump to the next step's end or transfer's landing, or to the next event
-      # if that comes first; landed transfers are finished by the next turn's poll
-      due = min(ends + lands)
-      self.clock.advance_to(due if wake is None else min(due, wake))
-      now = self.clock.now()
-      return [w for w, end in zip(inflight, ends) if end <= now]
-    while True:
-      ready = [w for w in inflight if w.inflight.pending.ready()]
-      if ready or (wake is not None and self.clock.now() >= wake) or \
-          (self._inbox is not None and self._inbox.pending()) or \
-          any(t.ready() for *_, t in self._pending_transfers) or \
-          any(p.ready() for _, p in self._restarting.values()):
-        return ready
-      if self._hung(inflight):
-        return []
-      self._block(inflight, wake)
-
-  def _block(self, inflight: list[InstanceQueue], wake: float | None) -> None:
-    """Waits a little for something in flight: POLL_S, or, when every pending object offers
-    the same `wait_any(pendings, timeout_s)` (the engine's steps and transfers:
-    pdjax/engine/ready_wait.py; Ray futures: pdjax/distributed), blocks in it until one may
-    be ready, at most BLOCK_MAX_S (so deadlines and wake-ups stay on time) — a polling driver
-    takes CPU from the steps it waits for (in this process or the instances')."""
-    pendings = ([w.inflight.pending for w in inflight]
-                + [t for *_, t in self._pending_transfers]
-                + [p for _, p in self._restarting.values()])
-    wait = getattr(pendings[0], "wait_any", None) if pendings else None
-    if wait is None or any(getattr(p, "wait_any", None) is not wait for p in pendings):
-      time.sleep(POLL_S)
-      return
-    left = BLOCK_MAX_S if wake is None else min(BLOCK_MAX_S, wake - self.clock.now())
-    wait(pendings, max(left, 0.0))
-
-  def _hung(self, inflight: list[InstanceQueue]) -> bool:
-    """Kills every instance whose step has not completed within step_timeout_s: a device (or
-    its runtime) that stopped answering must end the run's wait, not hang it."""
-    limit, now = self.opts.step_timeout_s, self.clock.now()
-    hung = [w for w in inflight if limit and now - w.inflight.start_s > limit]
-    for w in hung:
-      logging.warning("%s: a %s step has not completed in %.0f s; treating the instance as "
-                      "dead", w.name, w.inflight.kind, limit)
-      self._kill(w, why=f"hung (a step not done in {limit:g} s)", injected=False)
-    return bool(hung)
 
   # Admission (pdjax/scheduler/admission.py), step dispatch (steps.py), step collection
   # (collect.py), KV transfers (transfers.py), recovery (recovery.py) and the invariant checks

@@ -13,7 +13,7 @@ engine), also added to the step once per group after the first. Pure Python.
 
 from __future__ import annotations
 
-from pdjax.engine.options import group_bounds
+from pdjax.kv.layer_groups import group_bounds
 from pdjax.sim.transfer import SimTransfer
 
 

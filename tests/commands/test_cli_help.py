@@ -10,7 +10,7 @@ import pytest
 from helpers.paths import ROOT
 
 ENTRY_POINTS = ["pdjax.run", "pdjax.plan", "pdjax.sweep", "pdjax.serve", "pdjax.calibrate",
-                "pdjax.bench_serve", "pdjax.generate", "pdjax.convert", "pdjax.text.from_gguf",
+                "pdjax.bench_serve", "pdjax.generate", "pdjax.convert", "pdjax.from_gguf",
                 "pdjax.lower_check", "pdjax.policies"]
 
 

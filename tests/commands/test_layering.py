@@ -40,11 +40,9 @@ def test_the_checker_sees_an_arrow_up():
 
 # The command modules: flag parsing and main() / entry_point() only. Nothing else imports them
 # (the libraries they run live in the packages: pdjax.runner, pdjax.planning, ...).
-# pdjax.text.from_gguf is the old path of pdjax.from_gguf, a shim that only runs it.
 COMMANDS = ["pdjax.run", "pdjax.sweep", "pdjax.plan", "pdjax.serve", "pdjax.bench_serve",
             "pdjax.generate", "pdjax.calibrate", "pdjax.convert", "pdjax.from_gguf",
-            "pdjax.lower_check", "pdjax.policies", "pdjax.text.from_gguf"]
-SHIMS = ["pdjax.text.from_gguf"]
+            "pdjax.lower_check", "pdjax.policies"]
 
 
 def _library_files() -> list[pathlib.Path]:
@@ -74,11 +72,11 @@ def test_the_library_list_holds_the_top_level_libraries():
 
 
 def test_every_command_is_a_script():
-  """Each command (not the shim) has entry_point() and a [project.scripts] entry."""
+  """Each command has entry_point() and a [project.scripts] entry."""
   tomllib = pytest.importorskip("tomllib")   # Python 3.11+
   scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
   targets = set(scripts.values())
-  for module in sorted(set(COMMANDS) - set(SHIMS)):
+  for module in sorted(COMMANDS):
     tree = ast.parse(_source(module).read_text())
     assert "entry_point" in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, module
     assert f"{module}:entry_point" in targets, module
@@ -178,3 +176,41 @@ def test_the_import_graph_has_no_cycle():
 def test_the_cycle_check_sees_a_cycle():
   graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
   assert _cycles(graph) == [["a", "b", "c", "a"]]
+
+
+# ---- issue 47, item 13: the house's small moves, each guarded ------------------------------
+
+@pytest.mark.parametrize("package,banned", [
+    ("pdjax/sim", "pdjax.engine"),        # the simulator stands without the engine
+    ("pdjax/engine", "pdjax.runner"),     # the engine does not reach up into the runner
+], ids=["sim-no-engine", "engine-no-runner"])
+def test_a_layer_does_not_reach_up(package, banned):
+  assert _offenders(_closure(_files(package)), banned) == []
+
+
+def test_the_old_from_gguf_path_is_gone():
+  """python -m pdjax.from_gguf (script pdjax-from-gguf) is the one path; no shim, no doc
+  naming the old one."""
+  assert _source("pdjax.text.from_gguf") is None
+  texts = [ROOT / "README.md", *ROOT.joinpath("docs").glob("*.md"),
+           *ROOT.joinpath("pdjax").rglob("*.py")]
+  assert [str(p.relative_to(ROOT)) for p in texts
+          if "pdjax.text.from_gguf" in p.read_text()] == []
+
+
+def test_config_reference_is_a_library():
+  """The command is `python -m pdjax.config --markdown`; config_reference has no main block."""
+  tree = ast.parse((ROOT / "pdjax" / "config_reference.py").read_text())
+  mains = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+  assert mains == []
+
+
+def test_every_kernel_package_says_what_it_holds():
+  missing = [str(p.relative_to(ROOT)) for p in ROOT.joinpath("kernels_pallas").rglob(
+      "__init__.py") if not ast.get_docstring(ast.parse(p.read_text()))]
+  assert missing == []
+
+
+def test_the_driver_stays_under_400_lines():
+  lines = len((ROOT / "pdjax" / "scheduler" / "driver.py").read_text().splitlines())
+  assert lines < 400, f"pdjax/scheduler/driver.py has {lines} lines"
