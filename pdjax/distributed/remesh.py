@@ -24,8 +24,11 @@ from pdjax.scheduler.errors import DeviceError
 
 class RayRemeshBuilder:
 
-  def __init__(self, cluster, instances: list):
-    self.cluster, self.live = cluster, list(instances)
+  def __init__(self, cluster, instances: list, prepare=None):
+    """prepare: what every instance of the run gets once built (runner/build.py `_preparer`:
+    the prefix cache, the node's host tier, the latency profile's cost): a new actor gets it
+    too, as the engine's re-mesh does, with its tier's node, seal key and cross-node link."""
+    self.cluster, self.live, self.prepare = cluster, list(instances), prepare
     self.cost_of = None     # (no latency model of the layouts: the load-driven policy's
     self.switch_s = 0.0     #   queue-signal rules decide; a schedule is exact)
 
@@ -39,6 +42,9 @@ class RayRemeshBuilder:
                                  opts=dataclasses.replace(proto.opts, num_pages=pages // count))
       new.append(RemoteInstance(spec, self.cluster._new_actor, proto._warm_up_args))
       new[-1].store_of = self.cluster.node_store
+      for attr in ("node", "seal_key", "node_link"):   # (set on the first ones by the run)
+        if hasattr(proto, attr):
+          setattr(new[-1], attr, getattr(proto, attr))
     t0 = time.perf_counter()
     try:
       refs = [inst.start() for inst in new]
@@ -49,6 +55,9 @@ class RayRemeshBuilder:
     except DeviceError:
       self.cluster.release(new)
       raise
+    for inst in new:
+      if self.prepare is not None:
+        self.prepare(inst)
     self.live = [i for i in self.live if i not in old] + new
     return new, {"reshard_s": 0.0, "compile_s": time.perf_counter() - t0}
 

@@ -252,7 +252,7 @@ def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress, ray_cl
   instances for the allowed layouts compiled now (engine/remesh.py)."""
   if ray_cluster is not None:
     from pdjax.distributed.remesh import RayRemeshBuilder
-    return RayRemeshBuilder(ray_cluster, instances)
+    return RayRemeshBuilder(ray_cluster, instances, prepare)
   if cfg.backend == "sim":
     import dataclasses
     from pdjax.sim.hardware import hardware_for
