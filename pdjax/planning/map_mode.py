@@ -8,7 +8,9 @@ pdjax.planning.mixes), the placements of map_search.map_placements on plan.chip_
 are simulated at the rates map_search.walk picks, each run once, its per-request TTFT and TPOT
 kept (slo_grid.RunRecord). Every (TTFT, TPOT) cell of plan.map_ttft_s x plan.map_tpot_s is then
 evaluated from those arrays: per placement the highest rate meeting slo.attainment, per chip;
-the best of each kind, the winner and disaggregated / best aggregated.
+the best of each kind, the winner and disaggregated / best aggregated. A cell some kind meets
+at the highest rate its walk reached has a lower bound, not a goodput, for it: the cell is
+"unsaturated" (slo_grid.bounded), neither a win nor a tie.
 
 A rate counts where the placement sustains it by the plain planner's rule
 (slo_grid.RunRecord.meets: attainment >= the target and no latency growth over the run); runs
@@ -256,7 +258,10 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
             f"- {len(run_rows)} simulated runs (a cell's goodput is the highest lattice rate "
             f"meeting it); map written in {time.time() - t0:.0f} s",
             "- entries: winner (D disaggregated, C colocated, K chunked, = tie, - none meets "
-            "the SLO) and best disaggregated / best aggregated per-chip goodput"]
+            "the SLO) and best disaggregated / best aggregated per-chip goodput; U unsaturated: "
+            "a kind met the SLO at the highest rate its walk reached (the lattice's top, or the "
+            "highest whose run fits plan.max_requests_per_run), so its number is a lower bound "
+            "(map.csv `unsaturated` names the kinds): not a win, a tie or a ratio"]
   if hybrid:
     sc = cfg.scheduler
     header.append(

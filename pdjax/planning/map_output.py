@@ -1,6 +1,10 @@
 """The map's files: map.csv (every cell), map.md (a text phase diagram per model, hardware and
 mix, and who wins how often), runs.csv (every simulated run) and one phase-diagram PNG per
-model and hardware (a panel per mix). matplotlib is imported only to draw."""
+model and hardware (a panel per mix). matplotlib is imported only to draw.
+
+An unsaturated cell (slo_grid: some kind met the SLO at the highest rate its walk reached, a
+lower bound) shows as U without a ratio, is counted apart from wins, ties and none, and
+map.csv's `unsaturated` names the kinds whose number is a lower bound."""
 
 from __future__ import annotations
 
@@ -14,15 +18,17 @@ from pdjax.planning.slo_grid import HYBRID, KINDS, Cell
 COLUMNS = ["model", "hardware", "mix", "ttft_s", "tpot_s",
            "colocated_per_chip", "colocated_placement", "chunked_per_chip", "chunked_placement",
            "disaggregated_per_chip", "disaggregated_placement", "winner",
-           "disagg_over_aggregated"]
+           "disagg_over_aggregated", "unsaturated"]
 HYBRID_COLUMNS = ["isl_bounding_per_chip", "isl_bounding_placement", "slo_headroom_per_chip",
                   "slo_headroom_placement", "slo_headroom_steps"]     # with plan.map_hybrid
 HYBRID_RUN_COLUMNS = ["path", "cell_ttft_s", "cell_tpot_s"]
 RUN_COLUMNS = ["model", "hardware", "mix", "run", "placement", "chips", "rate_rps",
                "rate_per_chip", "requests", "attainment_loosest", "wall_s"]
 COLORS = {"disaggregated": "#3b75af", "colocated": "#ef8636", "chunked": "#519e3e",
-          "tie": "#c8c8c8", "none": "#ffffff"}
-LETTER = {"disaggregated": "D", "colocated": "C", "chunked": "K", "tie": "=", "none": "-"}
+          "tie": "#c8c8c8", "none": "#ffffff", "unsaturated": "#f3e3a0"}
+LETTER = {"disaggregated": "D", "colocated": "C", "chunked": "K", "tie": "=", "none": "-",
+          "unsaturated": "U"}
+UNSATURATED = "unsaturated (not judged: a lower bound)"
 
 
 def fmt_ratio(ratio: float) -> str:
@@ -40,6 +46,7 @@ def cell_row(model: str, hardware: str, mix: str, c: Cell) -> dict:
     row[f"{kind}_placement"] = desc
   row["winner"] = c.winner
   row["disagg_over_aggregated"] = fmt_ratio(c.ratio)
+  row["unsaturated"] = ";".join(c.unsaturated)
   for kind in HYBRID:
     if kind in c.best:
       row[f"{kind}_per_chip"] = round(c.best[kind][0], 4)
@@ -50,26 +57,34 @@ def cell_row(model: str, hardware: str, mix: str, c: Cell) -> dict:
 
 
 def fmt_steps(steps: float) -> str:
+  if math.isnan(steps):
+    return "unsaturated"
   return "inf" if steps == math.inf else "-inf" if steps == -math.inf else f"{steps:+.0f}"
 
 
 def hybrid_line(cells: Sequence[Cell]) -> str | None:
   """How slo_headroom compares with the best of the other kinds over a block's cells, in
   lattice steps (None where slo_headroom did not run)."""
-  judged = [c for c in cells if c.steps is not None]
-  if not judged:
+  ran = [c for c in cells if c.steps is not None]
+  if not ran:
     return None
-  others = [k for k in (*KINDS, *HYBRID) if k != "slo_headroom" and k in judged[0].best]
-  within = sum(c.steps >= -1 for c in judged)
-  ahead = sum(c.steps >= 1 for c in judged)
-  behind = [c for c in judged if c.steps < -1]
-  text = (f"slo_headroom vs the best of {', '.join(others)} (rate lattice steps): within one "
-          f"step in {within}/{len(judged)} cells, ahead by >= 1 step in {ahead} "
-          f"({100 * ahead / len(judged):.0f}%)")
-  if behind:
-    worst = min(behind, key=lambda c: c.steps)
-    text += (f"; behind by more than one in {len(behind)} (worst {fmt_steps(worst.steps)} at "
-             f"TTFT {worst.ttft_s:g} s / TPOT {worst.tpot_s * 1e3:g} ms)")
+  judged = [c for c in ran if not math.isnan(c.steps)]    # a lower bound: not judged
+  others = [k for k in (*KINDS, *HYBRID) if k != "slo_headroom" and k in ran[0].best]
+  text = f"slo_headroom vs the best of {', '.join(others)} (rate lattice steps): "
+  if judged:
+    within = sum(c.steps >= -1 for c in judged)
+    ahead = sum(c.steps >= 1 for c in judged)
+    behind = [c for c in judged if c.steps < -1]
+    text += (f"within one step in {within}/{len(judged)} cells, ahead by >= 1 step in {ahead} "
+             f"({100 * ahead / len(judged):.0f}%)")
+    if behind:
+      worst = min(behind, key=lambda c: c.steps)
+      text += (f"; behind by more than one in {len(behind)} (worst {fmt_steps(worst.steps)} "
+               f"at TTFT {worst.ttft_s:g} s / TPOT {worst.tpot_s * 1e3:g} ms)")
+  else:
+    text += "no cell judged"
+  if len(judged) < len(ran):
+    text += f"; {UNSATURATED} {len(ran) - len(judged)}"
   return text
 
 
@@ -80,8 +95,12 @@ def steps_diagram(cells: Sequence[Cell], ttft_grid, tpot_grid) -> list[str]:
            "|---|" + "---|" * len(ttft_grid)]
   for p in sorted(tpot_grid, reverse=True):
     lines.append(f"| {p * 1e3:g} ms | " + " | ".join(
-        fmt_steps(by[(float(t), float(p))].steps) for t in ttft_grid) + " |")
+        _steps_entry(by[(float(t), float(p))].steps) for t in ttft_grid) + " |")
   return lines
+
+
+def _steps_entry(steps: float) -> str:
+  return "U" if math.isnan(steps) else fmt_steps(steps)
 
 
 def write_csv(path: str, rows: Sequence[dict], columns: Sequence[str]) -> None:
@@ -108,6 +127,7 @@ def text_diagram(cells: Sequence[Cell], ttft_grid, tpot_grid) -> list[str]:
 
 
 def summary_lines(cells: Sequence[Cell]) -> str:
+  """Wins, ties and cells none meets, then the unsaturated cells, counted apart."""
   counts = {w: sum(c.winner == w for c in cells) for w in (*KINDS, "tie", "none")}
   won = [c for c in cells if c.winner == "disaggregated"]
   text = ", ".join(f"{w} {n}" for w, n in counts.items() if n)
@@ -115,6 +135,8 @@ def summary_lines(cells: Sequence[Cell]) -> str:
     top = max(won, key=lambda c: c.ratio)
     text += (f"; disaggregated's best margin {fmt_ratio(top.ratio)}x at TTFT {top.ttft_s:g} s / "
              f"TPOT {top.tpot_s * 1e3:g} ms")
+  if (n := sum(c.winner == "unsaturated" for c in cells)):
+    text += f"; {UNSATURATED} {n}"
   return f"cells won: {text}"
 
 
@@ -160,8 +182,9 @@ def plot_phase(path: str, title: str, panels: Sequence[tuple[str, list[Cell]]],
     ax.set_xlabel("TTFT target (s)")
     ax.set_ylabel("TPOT target (ms)")
     ax.set_title(mix, fontsize=9)
+  labels = {"none": "none meets the SLO", "unsaturated": "unsaturated (a lower bound)"}
   fig.legend(handles=[Patch(facecolor=COLORS[w], edgecolor="#999999",
-                            label="none meets the SLO" if w == "none" else w) for w in order],
+                            label=labels.get(w, w)) for w in order],
              loc="lower center", ncol=len(order), fontsize=8, frameon=False)
   fig.suptitle(f"{title}: winner per SLO; text = best disaggregated / best aggregated "
                f"per-chip goodput", fontsize=9)

@@ -18,6 +18,14 @@ For one cell, a placement's goodput is the highest rate tried that is stable wit
 the target (no interpolation between rates), divided by its chips; each kind's best
 (colocated, chunked, disaggregated) and the winner follow. Pure numpy.
 
+A goodput is a capacity only where some rate above it was tried and failed the cell. A
+placement that meets the cell at the highest rate its walk reached (the lattice's top, or the
+highest whose run fits plan.max_requests_per_run) has a lower bound there, not a capacity
+(`bounded`): the kind's best is then a lower bound (Cell.unsaturated names such kinds), and a
+cell where any of the three kinds is one is "unsaturated": no winner, no ratio, never a win or
+a tie (two kinds at the cap used to read as a tie). slo_headroom's steps against a lower bound
+(its own or the best other kind's) are nan: unknown.
+
 Hybrid kinds (plan.map_hybrid): a disaggregated placement whose decode instances may prefill
 locally, by a per-request path policy (HYBRID: isl_bounding or slo_headroom). They are scored
 beside the three kinds but do not enter `winner` (the map's question stays disaggregated vs
@@ -89,15 +97,26 @@ def goodput(records: list[RunRecord], ttft_s: float, tpot_s: float, target: floa
   return max(passing, default=0.0)
 
 
+def bounded(records: list[RunRecord], ttft_s: float, tpot_s: float, target: float) -> bool:
+  """Whether goodput() is a capacity: none meets the SLO, or a rate above the highest that
+  meets it was tried and failed it. False: met at the highest rate tried, a lower bound."""
+  best = goodput(records, ttft_s, tpot_s, target)
+  return best == 0.0 or any(r.rate > best and not r.meets(ttft_s, tpot_s, target)
+                            for r in records)
+
+
 @dataclasses.dataclass
 class Cell:
   ttft_s: float
   tpot_s: float
   best: dict            # kind -> (per-chip goodput, placement description or "")
-  winner: str           # colocated | chunked | disaggregated | tie | none
-  ratio: float          # best disaggregated / best aggregated (nan: neither meets the SLO)
+  winner: str           # colocated | chunked | disaggregated | tie | none | unsaturated
+  ratio: float          # best disaggregated / best aggregated (nan: neither meets the SLO,
+                        # or unsaturated)
   steps: float | None = None   # slo_headroom - best other kind, in lattice steps (None: not run;
-                               # +inf: only slo_headroom meets; -inf: only another kind does)
+                               # +inf: only slo_headroom meets; -inf: only another kind does;
+                               # nan: either is a lower bound)
+  unsaturated: tuple = ()      # kinds whose best here is a lower bound (bounded() False)
 
 
 def winner_of(per_chip: dict[str, float]) -> tuple[str, float]:
@@ -138,16 +157,24 @@ def cells(runs: list[tuple], ttft_grid, tpot_grid, target: float,
   for ttft_s in ttft_grid:
     for tpot_s in tpot_grid:
       best: dict[str, tuple[float, str]] = {k: (0.0, "") for k in kinds}
+      lower: set[str] = set()    # kinds with a placement met at its highest rate tried
       for kind, desc, chips, records, *cell in runs:
         if cell and cell[0] is not None and tuple(cell[0]) != (ttft_s, tpot_s):
           continue
         per_chip = goodput(records, ttft_s, tpot_s, target) / chips
         if per_chip > best[kind][0]:
           best[kind] = (per_chip, desc)
-      winner, ratio = winner_of({k: best[k][0] for k in KINDS})
+        if not bounded(records, ttft_s, tpot_s, target):
+          lower.add(kind)
+      unsaturated = tuple(k for k in kinds if k in lower)
+      if any(k in lower for k in KINDS):
+        winner, ratio = "unsaturated", math.nan
+      else:
+        winner, ratio = winner_of({k: best[k][0] for k in KINDS})
       steps = None
       if "slo_headroom" in best and factor:
         other = max(v for k, (v, _) in best.items() if k != "slo_headroom")
-        steps = lattice_steps(best["slo_headroom"][0], other, factor)
-      out.append(Cell(float(ttft_s), float(tpot_s), best, winner, ratio, steps))
+        steps = (math.nan if lower else      # a lower bound on either side: steps unknown
+                 lattice_steps(best["slo_headroom"][0], other, factor))
+      out.append(Cell(float(ttft_s), float(tpot_s), best, winner, ratio, steps, unsaturated))
   return out
