@@ -101,7 +101,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     self.role_switches: list[dict] = []
     self.preemptions = 0
     self.segment_steps = 0   # steps collected in decode segments (scheduler/decode_segments.py)
-    self.flushes: list[dict] = []
+    self.flushes = self._records("flushes")   # (spilled in a long-lived server, as the steps)
     self.kv_audit = (KvAudit(self.clock.now, self._records("kv_audit"))
                      if any(w.instance.tables.cache is not None for w in workers) else None)
     for w in workers:
@@ -168,6 +168,8 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
 
   def _finish(self, req: Request, status: Status, now: float, reason: str = "") -> None:
     req.finish(status, now, reason)
+    self._attempts.pop(id(req), None)   # (keyed by id(req): a later request may reuse the id)
+    self._retrying.pop(id(req), None)
     self._terminal += 1      # counted here: summing over all requests every turn is O(n^2)
     del self._open[id(req)]
     if self.spill_dir is not None:
@@ -273,6 +275,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
         raise AssertionError(f"{w.name} still holds {len(w.waiting)} waiting, {len(w.running)} "
                              f"running, {len(w.reserved)} reserved requests at the end")
     self._check_transfers_not_all_failed()
+    self._check_request_state_released()
     if segments:
       self._settle_segments()
     if self.kv_audit is not None:

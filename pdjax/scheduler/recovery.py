@@ -213,6 +213,15 @@ class Recovery:
       return
     self._complete_transfer(r, src, dst, skip, why)
 
+  def _check_request_state_released(self) -> None:
+    """At the end of a run no request's recovery bookkeeping is left: entries keyed by
+    id(request) that outlive their request grow a long-lived server without bound and, once
+    the id is reused by a new request, hand it the old one's retries."""
+    stale = {name: len(d) for name, d in (("transfer attempts", self._attempts),
+                                          ("retries", self._retrying)) if d}
+    if stale:
+      raise AssertionError(f"recovery state outlived its requests at the end of the run: {stale}")
+
   def _transfer_succeeded(self, r: Request) -> None:
     if self._attempts.pop(id(r), 0):
       self.fault_counts["transfers_recovered"] += 1

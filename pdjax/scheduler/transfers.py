@@ -20,6 +20,9 @@ from pdjax.request import Request, Status
 from pdjax.scheduler.errors import DeviceError
 from pdjax.scheduler.instance_queue import InstanceQueue
 
+MAX_ERROR_REASONS = 32   # distinct transfer-error reasons counted apart (faults.transfer_errors)
+OTHER_REASONS = "(other reasons)"
+
 
 class Transfers:
 
@@ -144,7 +147,11 @@ class Transfers:
 
   def _device_failure(self, e: DeviceError) -> str:
     why = f"{type(e).__name__}: {e}"
-    self.transfer_errors[why] = self.transfer_errors.get(why, 0) + 1
+    # Counted by reason, at most MAX_ERROR_REASONS of them: a reason's text may hold epochs or
+    # addresses, and a long-lived server must not keep one entry per failed attempt.
+    key = why if (why in self.transfer_errors
+                  or len(self.transfer_errors) < MAX_ERROR_REASONS) else OTHER_REASONS
+    self.transfer_errors[key] = self.transfer_errors.get(key, 0) + 1
     return why
 
   def _check_transfers_not_all_failed(self) -> None:
