@@ -15,7 +15,10 @@ placements by that rate per chip. "Sustains" is one rule for this planner and it
 (slo_grid.RunRecord.meets): SLO attainment (slo.ttft_s, slo.tpot_s) >= slo.attainment and no
 latency growth over the run's arrivals (a queue that grows is overload, whatever the
 attainment over a short window). A search that finds no failing rate up to its cap (rate_hi x
-2^12) reports no goodput for that placement and says why (planning/plan_output.py). A trace
+2^12) reports no goodput for that placement and says why (planning/plan_output.py); so does one
+stopped at a rate whose run would need more than plan.max_requests_per_run requests (10,000 by
+default; "not reached": the `tiny` preset on h200 passes every rate, and at 60 s of arrivals per
+rate its search would otherwise climb to millions of requests per run and not answer). A trace
 workload is planned from its rows' lengths at Poisson rates (planning/workload_mix.py). KV
 pages per instance come from the chips' memory left after the weights (plan.mem_util of HBM).
 
@@ -46,8 +49,9 @@ from absl import app, flags, logging
 from pdjax import config as config_lib
 from pdjax.cli import define_config_and_workdir, fail, parse_flags
 from pdjax.planning import plan_output, workload_mix
-from pdjax.planning.placement_runs import (check_plan, evaluate, fits, placement_config,
-                                           sustains, tp_ok, warn_if_tiny)
+from pdjax.planning.placement_runs import (check_plan, evaluate, fits, not_reached_text,
+                                           placement_config, sustains, tp_ok, warn_if_tiny,
+                                           within_bound)
 from pdjax.planning.search import PlanRow, placements, rate_cap, search
 from pdjax.runner.outputs import default_workdir
 
@@ -101,6 +105,8 @@ def main(argv) -> None:
     done.append(row)
     if row.rate is not None:
       found = f"{row.per_chip:.3f} req/s/chip"
+    elif row.search.not_reached is not None:
+      found = f"not reached: {not_reached_text(p, row.search.not_reached)}"
     elif row.search.rate is None:
       found = f"fails at plan.rate_lo={p.rate_lo:g} req/s"
     else:
@@ -109,7 +115,8 @@ def main(argv) -> None:
           f"{found}", file=sys.stderr)
   rows = search(candidates, functools.partial(evaluate, sim_cfg, mcfg, trace=trace),
                 sustains(sim_cfg), lo=p.rate_lo, hi=p.rate_hi, rel_tol=p.rel_tol,
-                on_result=progress, workers=int(p.get("workers", 0)))
+                on_result=progress, workers=int(p.get("workers", 0)),
+                reachable=functools.partial(within_bound, sim_cfg.plan))
   if trace is not None:   # DIR's resampled rows as an in-process search leaves them
     last = next(r for r in rows if r.placement == candidates[-1])
     placement_config(sim_cfg, mcfg, candidates[-1], last.search.tried[-1], trace)

@@ -214,6 +214,9 @@ def get_config(arg=None):
   c.plan.rate_hi = 16.0                    #   doubles hi while hi still meets the SLOs
   c.plan.rel_tol = 0.05                    # bisection stops within 5% of the best rate
   c.plan.mem_util = 0.9                    # share of HBM for weights + KV (the rest: activations)
+  c.plan.max_requests_per_run = 10000      # a rate needing more requests (num_requests or
+                                           #   rate x min_duration_s) is not run: "not reached",
+                                           #   the answer a lower bound (0: no bound)
   c.plan.map = False                       # map mode: who wins over SLOs x mixes (map_mode.py)
   c.plan.map_models = ""                   # comma-separated model presets; "" = model.preset
   c.plan.map_hardware = ""                 # comma-separated sim.hardware presets or .json

@@ -98,6 +98,12 @@ def settings(cfg) -> MapSettings:
   if p.map_runs and not all(os.path.isfile(os.path.join(p.map_runs, f))
                             for f in ("runs.csv", "runs.npz")):
     raise ConfigError(f"plan.map_runs={p.map_runs!r} holds no runs.csv + runs.npz of a map")
+  if not placement_runs.within_bound(p, p.map_rate_min * p.chip_budget):
+    raise ConfigError(f"plan.map_rate_min={p.map_rate_min:g} req/s per chip on "
+                      f"{p.chip_budget} chips needs "
+                      f"{placement_runs.requests_needed(p, p.map_rate_min * p.chip_budget)} "
+                      f"requests > plan.max_requests_per_run={p.max_requests_per_run}: lower "
+                      f"plan.map_rate_min or plan.min_duration_s")
   if p.map_tp_count < 1 or p.map_max_disagg < 0:
     raise ConfigError(f"plan.map_tp_count={p.map_tp_count} (>= 1) and plan.map_max_disagg="
                       f"{p.map_max_disagg} (>= 0) required")

@@ -13,7 +13,9 @@ k = 0..k_max (rate_k <= rate_max). For one placement the walk starts at a lattic
     regardless.
 Every cell's goodput is then the highest rate tried that meets it (slo_grid.goodput). A cell
 whose answer lies between two lattice points reads the lower one: the map's resolution is the
-lattice factor.
+lattice factor. The climb also stops at `top`, the highest lattice index whose run fits
+plan.max_requests_per_run (map_walks): a cell met there, as one met at k_max, has a lower bound
+(slo_grid.bounded: the cell is unsaturated).
 
 Cost: a run simulates every token of every request it offers (an overloaded placement still
 serves them all), so a run costs about rate x window x output length whatever the placement,
@@ -49,14 +51,17 @@ class Lattice:
 
 
 def walk(evaluate: Callable[[float], RunRecord], lattice: Lattice, start: int,
-         slo_cells: Sequence[tuple[float, float]], target: float) -> dict[int, RunRecord]:
+         slo_cells: Sequence[tuple[float, float]], target: float,
+         top: int | None = None) -> dict[int, RunRecord]:
   """The records of the rates the walk tries, by lattice index (evaluate takes a per-chip
-  rate). slo_cells: every (ttft_s, tpot_s) of the grid."""
+  rate). slo_cells: every (ttft_s, tpot_s) of the grid. top: the highest index it may run
+  (None: k_max)."""
   loosest = (max(t for t, _ in slo_cells), max(p for _, p in slo_cells))
   records: dict[int, RunRecord] = {}
-  start = min(max(start, 0), lattice.k_max)
+  top = lattice.k_max if top is None else min(top, lattice.k_max)
+  start = min(max(start, 0), top)
   k = start
-  while k <= lattice.k_max:
+  while k <= top:
     records[k] = evaluate(lattice.rate(k))
     if not records[k].meets(*loosest, target):
       break

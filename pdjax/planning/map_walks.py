@@ -7,6 +7,10 @@ collected in the map's order (models, hardware, mixes, placements), not by compl
 runs.npz and every cell come out the same whatever the pool size. In a pool each process
 writes a trace's resampled rows in its own folder; DIR/workload_resampled.jsonl is written
 afterwards as the last run in the map's order leaves it in-process.
+
+A walk runs no rate whose run would need more than plan.max_requests_per_run requests
+(placement_runs.within_bound): its climb stops below it ("not reached", logged), and the cells
+it still met at its last rate are unsaturated.
 """
 
 from __future__ import annotations
@@ -59,12 +63,27 @@ def run_walk(task: WalkTask) -> tuple[list[Run], dict[int, RunRecord]]:
          f"loosest-SLO attainment {round(rec.attainment(*task.slo_cells[-1]), 4):.3f} "
          f"({runs[-1].wall_s:.1f} s)")
     return rec
-  records = walk(evaluate, task.lattice, task.start, task.slo_cells, task.target)
+  top = reachable_top(task)
+  records = walk(evaluate, task.lattice, task.start, task.slo_cells, task.target, top)
   best = loosest_answer(records, task.slo_cells, task.target)
   rate = "none" if best is None else f"{task.lattice.rate(best):.3g}"
+  stop = ""
+  if best is not None and best == top < task.lattice.k_max:
+    stop = (f"; {task.lattice.rate(top + 1):.3g} req/s/chip not reached: "
+            + placement_runs.not_reached_text(task.cfg.plan, task.lattice.rate(top + 1)
+                                              * pl.chips))
   _log(f"  {pl.run} {pl.describe()}: {len(records)} rates, loosest SLO met up to "
-       f"{rate} req/s/chip")
+       f"{rate} req/s/chip{stop}")
   return runs, records
+
+
+def reachable_top(task: WalkTask) -> int:
+  """The highest lattice index whose run fits plan.max_requests_per_run (-1: none does)."""
+  lat, chips = task.lattice, task.placement.chips
+  k = lat.k_max
+  while k >= 0 and not placement_runs.within_bound(task.cfg.plan, lat.rate(k) * chips):
+    k -= 1
+  return k
 
 
 def run_walks(tasks: list[WalkTask], workers: int) -> list[tuple[list[Run], dict]]:

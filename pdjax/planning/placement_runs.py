@@ -1,7 +1,13 @@
 """The planner's runs of one placement (`pdjax.plan` and its map mode, planning/map_mode.py):
 whether it fits the chips (each tier's KV pool from the memory its weights leave), its
 simulated config at a rate, one simulated run of it (runner.execute), the rule of what it
-sustains at the config's SLO, and the checks of the plan.* settings."""
+sustains at the config's SLO, and the checks of the plan.* settings.
+
+A run at rate r offers requests_needed = max(plan.num_requests, ceil(r x plan.min_duration_s))
+requests, and costs about that times the output length: a placement that passes every rate
+(a toy model on a big chip) would climb to millions of requests per run. A rate needing more
+than plan.max_requests_per_run (0: no bound) is not run (within_bound): the search or walk
+stops there and its answer is a lower bound ("not reached")."""
 
 from __future__ import annotations
 
@@ -53,7 +59,7 @@ def placement_config(cfg, mcfg, p: Placement, rate: float,
   new.workload.rate = float(rate)
   # Enough arrivals that the window is long against a request's lifetime at every rate: a
   # fixed count at a high rate ends before queues reach their steady state.
-  n = max(cfg.plan.num_requests, math.ceil(rate * cfg.plan.min_duration_s))
+  n = requests_needed(cfg.plan, rate)
   new.workload.num_requests = n
   if cfg.workload.kind != "synthetic":
     if trace is None:
@@ -61,6 +67,24 @@ def placement_config(cfg, mcfg, p: Placement, rate: float,
     for key, value in trace.workload(n, rate).items():
       new.workload[key] = value
   return new
+
+
+def requests_needed(p, rate: float) -> int:
+  """The requests a run at `rate` req/s offers (p: cfg.plan)."""
+  return max(p.num_requests, math.ceil(rate * p.min_duration_s))
+
+
+def within_bound(p, rate: float) -> bool:
+  """Whether a run at `rate` fits plan.max_requests_per_run (0: no bound); picklable with
+  functools.partial, for a pool."""
+  bound = p.get("max_requests_per_run", 0)
+  return not bound or requests_needed(p, rate) <= bound
+
+
+def not_reached_text(p, rate: float) -> str:
+  """Why a rate was not run."""
+  return (f"{rate:g} req/s would need {requests_needed(p, rate)} requests > "
+          f"plan.max_requests_per_run={p.max_requests_per_run}")
 
 
 def evaluate(cfg, mcfg, p: Placement, rate: float,
@@ -102,3 +126,13 @@ def check_plan(p) -> None:
     raise config_lib.ConfigError(
         f"plan.chip_budget={p.chip_budget} (>= 2), plan.num_requests={p.num_requests} "
         f"(>= 1), plan.rate_lo={p.rate_lo} < plan.rate_hi={p.rate_hi} (> 0) required")
+  bound = p.get("max_requests_per_run", 0)
+  if bound and bound < p.num_requests:    # (negative included)
+    raise config_lib.ConfigError(
+        f"plan.max_requests_per_run={bound} must be 0 (no bound) or >= plan.num_requests="
+        f"{p.num_requests}")
+  if not within_bound(p, p.rate_lo):
+    raise config_lib.ConfigError(
+        f"plan.rate_lo={p.rate_lo:g} req/s needs {requests_needed(p, p.rate_lo)} requests (>= "
+        f"{p.min_duration_s:g} s of arrivals) > plan.max_requests_per_run={bound}: lower "
+        f"plan.rate_lo or plan.min_duration_s")

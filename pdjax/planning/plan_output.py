@@ -6,6 +6,8 @@ A row has a goodput only when its search found a failing rate above its best pas
   unsaturated  every rate up to the search's cap passed, so the best rate is the cap, not a
                capacity (the `tiny` preset on a data-center chip, or windows too short for a
                queue to grow in);
+  not reached  every rate run passed, and the next would need more requests than
+               plan.max_requests_per_run (search.RateSearch.not_reached): a lower bound too;
   lo fails     even plan.rate_lo failed.
 """
 
@@ -16,6 +18,7 @@ import os
 
 from pdjax.metrics import run_info as info_lib
 from pdjax.planning import slo_grid
+from pdjax.planning.placement_runs import not_reached_text
 from pdjax.planning.search import PlanRow, best_by_run, rate_cap
 
 COLUMNS = ["rank", "run", "placement", "chips", "goodput_rps", "per_chip_rps", "saturated",
@@ -56,6 +59,10 @@ def reason(row: PlanRow, cfg) -> str | None:
   """Why a row has no goodput (None when it has one)."""
   if row.rate is not None:
     return None
+  if row.search.not_reached is not None:
+    return (f"not reached: {not_reached_text(cfg.plan, row.search.not_reached)} (every rate up "
+            f"to {row.search.rate:g} req/s passed): raise plan.max_requests_per_run or lower "
+            f"plan.min_duration_s")
   if row.search.rate is None:
     return (f"fails at the lowest rate tried, plan.rate_lo={cfg.plan.rate_lo:g} req/s: lower "
             f"plan.rate_lo")

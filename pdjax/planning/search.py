@@ -8,7 +8,9 @@ bisecting to a relative tolerance, as DistServe's placement search does with its
 ranks placements by that rate per chip. What "sustains" means is injected (`passes`); the
 planner and its map use one rule, pdjax.planning.slo_grid.RunRecord.meets. A search that never
 finds a failing rate (every rate up to rate_cap passed) reports no goodput: its best rate is a
-lower bound, and ranking by it would rank the cap.
+lower bound, and ranking by it would rank the cap. So does a search stopped at a rate it may not
+run (`reachable`: for the planner, a run within plan.max_requests_per_run requests): that rate
+is "not reached" (RateSearch.not_reached).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class RateSearch:
   passed: list[bool]        # passes(record) of each record
   saturated: bool           # a failing rate was found above `rate`
   tried: list = dataclasses.field(default_factory=list)   # the rates in the order run
+  not_reached: float | None = None   # the rate the search stopped at, not run: not reachable
 
   @property
   def points(self) -> list[tuple[float, bool]]:
@@ -84,19 +87,27 @@ class RateSearch:
 
 
 def max_rate(evaluate: Callable[[float], object], passes: Callable[[object], bool], lo: float,
-             hi: float, rel_tol: float, max_doublings: int = MAX_DOUBLINGS) -> RateSearch:
+             hi: float, rel_tol: float, max_doublings: int = MAX_DOUBLINGS,
+             reachable: Callable[[float], bool] | None = None) -> RateSearch:
   """The highest rate that passes: lo, then hi, doubling hi while it passes (at most
   max_doublings times), then bisecting between the highest passing and the lowest failing
   rate to rel_tol. evaluate(rate) returns a record with a `.rate`; passes(record) is the one
   rule of what a rate sustains (for the planner: slo_grid.RunRecord.meets). A search whose
-  every rate passed is not saturated: its rate is a lower bound, not a capacity."""
-  records, passed = [], []
+  every rate passed is not saturated: its rate is a lower bound, not a capacity. reachable(rate)
+  False: the rate is not run and the search stops there (not_reached; every rate before it
+  passed, since a bisection only runs rates below one already run)."""
+  records, passed, not_reached = [], [], None
   def points():   # next_rate_to_try's (rate, attainment) points: 1 passes, 0 fails
     return [(r.rate, 1.0 if ok else 0.0) for r, ok in zip(records, passed)]
   for _ in range(max_doublings + 1):
     while (rate := next_rate_to_try(points(), 0.5, lo, hi, rel_tol)) is not None:
+      if reachable is not None and not reachable(rate):
+        not_reached = rate
+        break
       records.append(evaluate(rate))
       passed.append(bool(passes(records[-1])))
+    if not_reached is not None:
+      break
     good = [r.rate for r, ok in zip(records, passed) if ok]
     if not good or max(good) < hi:
       break
@@ -107,7 +118,7 @@ def max_rate(evaluate: Callable[[float], object], passes: Callable[[object], boo
   good = [r.rate for r, ok in zip(records, passed) if ok]
   best = max(good) if good else None
   saturated = any(not ok and r.rate > (best or 0.0) for r, ok in zip(records, passed))
-  return RateSearch(best, records, passed, saturated, tried)
+  return RateSearch(best, records, passed, saturated, tried, not_reached)
 
 
 @dataclasses.dataclass
@@ -130,20 +141,22 @@ def search(candidates: list[Placement], evaluate: Callable[[Placement, float], o
            passes: Callable[[object], bool], *, lo: float, hi: float, rel_tol: float,
            max_doublings: int = MAX_DOUBLINGS,
            on_result: Callable[[PlanRow], None] | None = None,
-           workers: int = 1) -> list[PlanRow]:
+           workers: int = 1,
+           reachable: Callable[[float], bool] | None = None) -> list[PlanRow]:
   """Every candidate's rate search; rows with a goodput first, best per-chip goodput first
   (ties: fewer chips, then the order given), then the rows without one in the order given.
-  workers != 1: the searches in a process pool (planning/pool.py; evaluate and passes
-  picklable), on_result called in the order given once they are all done."""
+  workers != 1: the searches in a process pool (planning/pool.py; evaluate, passes and
+  reachable picklable), on_result called in the order given once they are all done.
+  reachable(rate): whether a search may run that rate (max_rate)."""
   rows = []
   if workers != 1:
     from pdjax.planning import pool
-    jobs = [(p, evaluate, passes, lo, hi, rel_tol, max_doublings) for p in candidates]
+    jobs = [(p, evaluate, passes, lo, hi, rel_tol, max_doublings, reachable) for p in candidates]
     found = pool.run_in_order(_max_rate_job, jobs, workers)
   for i, placement in enumerate(candidates):
     if workers == 1:
       rows.append(PlanRow(placement, max_rate(lambda r, p=placement: evaluate(p, r), passes,
-                                              lo, hi, rel_tol, max_doublings)))
+                                              lo, hi, rel_tol, max_doublings, reachable)))
     else:
       rows.append(PlanRow(placement, found[i]))
     if on_result:
@@ -155,9 +168,9 @@ def search(candidates: list[Placement], evaluate: Callable[[Placement, float], o
 
 
 def _max_rate_job(job) -> RateSearch:
-  placement, evaluate, passes, lo, hi, rel_tol, max_doublings = job
+  placement, evaluate, passes, lo, hi, rel_tol, max_doublings, reachable = job
   return max_rate(functools.partial(evaluate, placement), passes, lo, hi, rel_tol,
-                  max_doublings)
+                  max_doublings, reachable)
 
 
 def best_by_run(rows: list[PlanRow]) -> dict[str, PlanRow]:
