@@ -213,23 +213,80 @@ def paired(a: dict, b: dict, m: Metric) -> dict | None:
   return intervals.interval([y - x for x, y in zip(va, vb)])
 
 
-def _versus(summaries: dict, best: str, other: str, m: Metric) -> tuple[bool | None, str]:
-  """(other differs from best beyond the noise, how the difference reads)."""
+ALPHA = 1 - intervals.CONFIDENCE     # 0.05: the family-wise error of a conclusion line
+HOLM_NOTE = (
+    "- Each line picks its best mode from the data, so its differences are judged as one "
+    "family: every pair of the modes it ranks (not only the best against each other: picking "
+    "the best compared them all), with Holm's step-down correction holding the chance of any "
+    "false \"beyond the noise\" to 5%. A difference is beyond the noise when its Holm-adjusted "
+    "p < 0.05 (p from the paired t statistic over the seeds; where modes ran other seeds, the "
+    "level at which their intervals stop overlapping); ± shows the unadjusted 95% interval.")
+
+
+def missing(s: dict, m: Metric) -> list | None:
+  """The seeds on which a summary has no value of m (no finished request to measure): a
+  failure of that mode there, not a value to drop. [None] for a single run without it; None
+  when every run has one."""
+  if "repeats" not in s:
+    return None if m.value(s) is not None else [None]
+  r = s["repeats"]
+  gone = [seed for seed, v in zip(r["seeds"], r["metrics"][m.key]["values"]) if v is None]
+  return gone or None
+
+
+def _failed_text(mode: str, seeds: list) -> str:
+  if seeds == [None]:
+    return f"{mode} (no value)"
+  return (f"{mode} (no value on seed{'s' if len(seeds) > 1 else ''} "
+          f"{', '.join(map(str, seeds))})")
+
+
+def _pair_p(a: dict, b: dict, m: Metric) -> float:
+  """The p-value of b - a: paired over the seeds (intervals.paired_p), else from the marginal
+  intervals (intervals.overlap_p; 1.0 where either has fewer than two values)."""
+  diff = paired(a, b, m)
+  if diff is not None:
+    return intervals.paired_p(diff)
+  sa, sb = stat(a, m), stat(b, m)
+  if sa["half_width"] is None or sb["half_width"] is None:
+    return 1.0
+  return intervals.overlap_p(sa, sb)
+
+
+def _versus(summaries: dict, best: str, other: str, m: Metric,
+            adjusted: float | None) -> tuple[bool | None, str]:
+  """(other differs from best beyond the noise, how the difference reads). adjusted: other's
+  Holm-adjusted p against best (None: the line judges one pair, by its 95% interval)."""
   diff = paired(summaries[best], summaries[other], m)
   spec = ".1f" if m.spec == "d" else m.spec
+  p_text = "" if adjusted is None else (
+      f"; Holm-adjusted p {'< 0.001' if adjusted < 0.001 else f'{adjusted:.3f}'}")
   if diff is not None:
-    beyond = diff["lo"] > 0 or diff["hi"] < 0
+    beyond = (diff["lo"] > 0 or diff["hi"] < 0) if adjusted is None else adjusted < ALPHA
     return beyond, (f"{other} ({cell(summaries[other], m)}; difference "
                     f"{diff['mean'] * m.scale:+{spec}} ± {diff['half_width'] * m.scale:{spec}} "
-                    f"paired over {diff['n']} seeds)")
+                    f"paired over {diff['n']} seeds{p_text})")
   st = {x: stat(summaries[x], m) for x in (best, other)}
-  return intervals.differ(st[best], st[other]), f"{other} ({cell(summaries[other], m)})"
+  beyond = intervals.differ(st[best], st[other]) if adjusted is None else adjusted < ALPHA
+  return beyond, f"{other} ({cell(summaries[other], m)}{p_text})"
+
+
+def _holm_against(summaries: dict, ranked: list[str], m: Metric) -> dict[str, float]:
+  """Each other mode's Holm-adjusted p against ranked[0], over every pair of `ranked`."""
+  pairs = [(x, y) for i, x in enumerate(ranked) for y in ranked[i + 1:]]
+  adjusted = intervals.holm([_pair_p(summaries[x], summaries[y], m) for x, y in pairs])
+  return {y: p for (x, y), p in zip(pairs, adjusted) if x == ranked[0]}
 
 
 def conclusion(summaries: dict[str, dict]) -> list[str]:
   """One line per metric with a better direction: which mode wins it and whether its lead
-  over each other mode exceeds the noise: the 95% interval of the paired per-seed difference
-  excludes 0 (repeats on the same seeds), else the modes' 95% intervals do not overlap."""
+  over each other mode exceeds the noise. The best is picked from the data, so a line's
+  comparisons are one family: every pair of the modes it ranks, p-values from the paired
+  per-seed difference (repeats on the same seeds) or from the marginal intervals, Holm's
+  correction across them (HOLM_NOTE opens the lines when a line may rank 3 modes or more);
+  with two modes, the one difference's 95% interval (paired) or the intervals' overlap. A
+  mode without a value on some seed (`missing`) failed it: it is listed as failed, never
+  ranked or counted in the family."""
   modes = list(summaries)
   if len(modes) < 2:
     return []
@@ -238,22 +295,36 @@ def conclusion(summaries: dict[str, dict]) -> list[str]:
   if noisy:
     lines.append("- One run per mode: no noise estimate, so no difference below is known to "
                  "exceed the noise (set repeats >= 2).")
+  elif len(modes) >= 3:
+    lines.append(HOLM_NOTE)
   for m in METRICS:
     if not m.better:
       continue
     stats = {mode: stat(summaries[mode], m) for mode in modes}
-    known = [mode for mode in modes if stats[mode]["mean"] is not None]
+    failed = {mode: gone for mode in modes if (gone := missing(summaries[mode], m))}
+    known = [mode for mode in modes if mode not in failed]
+    label = m.label.split(" (")[0]
+    tail = ("; failed: " + ", ".join(_failed_text(x, g) for x, g in failed.items())
+            if failed else "")
     if len(known) < 2:
+      if len(known) == 1:
+        every = "" if noisy else " on every seed"
+        lines.append(f"- {label}: only {known[0]} has a value{every} "
+                     f"({cell(summaries[known[0]], m)}){tail}")
+      elif any(stats[x]["mean"] is not None for x in modes):
+        lines.append(f"- {label}: no mode has a value on every seed: " + ", ".join(
+            _failed_text(x, g) for x, g in failed.items()))
       continue
     sign = 1 if m.better == "lower" else -1
     ranked = sorted(known, key=lambda mode: sign * stats[mode]["mean"])
-    best, label = ranked[0], m.label.split(" (")[0]
+    best = ranked[0]
     if noisy:
       word = "lowest" if m.better == "lower" else "highest"
       lines.append(f"- {label}: {best} {word} ({cell(summaries[best], m)}); " + ", ".join(
-          f"{o} ({cell(summaries[o], m)})" for o in ranked[1:]))
+          f"{o} ({cell(summaries[o], m)})" for o in ranked[1:]) + tail)
       continue
-    versus = {o: _versus(summaries, best, o, m) for o in ranked[1:]}
+    adjusted = _holm_against(summaries, ranked, m) if len(ranked) >= 3 else {}
+    versus = {o: _versus(summaries, best, o, m, adjusted.get(o)) for o in ranked[1:]}
     beaten = [text for beyond, text in versus.values() if beyond]
     tied = [text for beyond, text in versus.values() if not beyond]
     if not beaten:
@@ -261,7 +332,7 @@ def conclusion(summaries: dict[str, dict]) -> list[str]:
     else:
       text = (f"{best} wins ({cell(summaries[best], m)}), beyond the noise over "
               + ", ".join(beaten) + ("; within noise of " + ", ".join(tied) if tied else ""))
-    lines.append(f"- {label}: {text}")
+    lines.append(f"- {label}: {text}{tail}")
   return lines
 
 
