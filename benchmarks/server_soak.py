@@ -3,6 +3,7 @@ the server's resident memory and the latency percentiles window by window.
 
   python benchmarks/server_soak.py [--requests=6000] [--rate=15] [--window=500]
       [--config=configs/default.py:smoke] [--mode=disaggregated] [--out=DIR]
+      [--shared_prefixes=K --prefix_len=P]   (prompts start with one of K fixed prefixes)
       [-- extra --config.* overrides for the server]
 
 Starts `python -m pdjax.serve` on a free loopback port, then sends windows of `--window`
@@ -72,11 +73,16 @@ def start_server(config: str, mode: str, workdir: str, log_path: str, extra: lis
 
 
 def window_requests(n: int, rate: float, prompt_len: int, max_tokens: int, first: int,
-                    rng: random.Random, vocab: int) -> list[Request]:
-  return [Request(id=f"soak-{first + i}", arrival_s=i / rate,
-                  prompt_ids=[rng.randrange(1, vocab) for _ in range(prompt_len)],
-                  sampling=SamplingParams(max_new_tokens=max_tokens, ignore_eos=True))
-          for i in range(n)]
+                    rng: random.Random, vocab: int, prefixes: list | None = None) -> list[Request]:
+  """prefixes: each prompt starts with one of them (drawn at random), a random tail after it
+  (the prefix cache and host tier see hits, evictions and offloads)."""
+  out = []
+  for i in range(n):
+    head = list(rng.choice(prefixes)) if prefixes else []
+    tail = [rng.randrange(1, vocab) for _ in range(max(prompt_len - len(head), 1))]
+    out.append(Request(id=f"soak-{first + i}", arrival_s=i / rate, prompt_ids=head + tail,
+                       sampling=SamplingParams(max_new_tokens=max_tokens, ignore_eos=True)))
+  return out
 
 
 def scrape_ms(url: str) -> float:
@@ -103,6 +109,9 @@ def main() -> None:
   parser.add_argument("--prompt_len", type=int, default=32)
   parser.add_argument("--max_tokens", type=int, default=16)
   parser.add_argument("--vocab", type=int, default=256, help="prompt ids drawn from [1, vocab)")
+  parser.add_argument("--shared_prefixes", type=int, default=0,
+                      help="prompts start with one of this many fixed prefixes (0: none)")
+  parser.add_argument("--prefix_len", type=int, default=16, help="tokens of each prefix")
   parser.add_argument("--out", default="")
   args, extra = parser.parse_known_args()
   extra = [a for a in extra if a != "--"]
@@ -112,13 +121,15 @@ def main() -> None:
   server, url, startup_s = start_server(args.config, args.mode, os.path.join(out, "run"),
                                         os.path.join(out, "serve.log"), extra)
   rng, rows, sent = random.Random(0), [], 0
+  prefixes = [[rng.randrange(1, args.vocab) for _ in range(args.prefix_len)]
+              for _ in range(args.shared_prefixes)]
   try:
     model = bench_serve.default_model(url)
     while (time.perf_counter() - t_start < args.seconds) if args.seconds else \
         sent < args.requests:
       n = args.window if args.seconds else min(args.window, args.requests - sent)
       reqs = window_requests(n, args.rate, args.prompt_len, args.max_tokens, sent, rng,
-                             args.vocab)
+                             args.vocab, prefixes)
       result = bench_serve.run_benchmark(url, reqs, model=model)
       sent += n
       itl = [g for gaps in result["itls"] if gaps for g in gaps]

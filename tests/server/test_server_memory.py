@@ -58,8 +58,9 @@ async def _stream_one(client: httpx.AsyncClient, url: str, prompt: list[int]) ->
   return lines[-1] == "data: [DONE]" and len(lines) > OUTPUT // 2
 
 
-async def _closed_loop(url: str, pid: int) -> tuple[dict, int]:
-  """CONCURRENCY clients send TOTAL requests; the server's RSS when MARKS requests ended."""
+async def _closed_loop(url: str, pid: int, prefixes: list) -> tuple[dict, int]:
+  """CONCURRENCY clients send TOTAL requests (each prompt one of `prefixes`, if any, then
+  random tokens); the server's RSS when MARKS requests ended."""
   rng, rss, failed, sent = random.Random(0), {}, 0, 0
   done = 0
 
@@ -67,7 +68,9 @@ async def _closed_loop(url: str, pid: int) -> tuple[dict, int]:
     nonlocal sent, done, failed
     while sent < TOTAL:
       sent += 1
-      ok = await _stream_one(client, url, [rng.randrange(1, 256) for _ in range(PROMPT)])
+      head = list(rng.choice(prefixes)) if prefixes else []
+      ok = await _stream_one(client, url, head + [rng.randrange(1, 256)
+                                                  for _ in range(PROMPT - len(head))])
       failed += not ok
       done += 1
       if done in MARKS:
@@ -80,13 +83,26 @@ async def _closed_loop(url: str, pid: int) -> tuple[dict, int]:
   return rss, failed
 
 
-def test_resident_memory_stays_flat_over_3000_requests(tmp_path):
+# Variants (issue 47, item 5): the prefix cache and the node's host tier on, prompts sharing
+# one of 40 two-page prefixes through a small device cache (hits, evictions, offloads and
+# reloads all run); and the same under the Ray launcher (the node store in its own process).
+KV_ON = ["--config.kv.prefix_cache=True", "--config.kv.cache_pages=16",
+         "--config.kv.host_tier_pages=48"]
+VARIANTS = {"plain": [], "prefix_cache_host_tier": KV_ON,
+            "ray_prefix_cache_host_tier": KV_ON + ["--config.cluster.launcher=ray"]}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_resident_memory_stays_flat_over_3000_requests(tmp_path, variant):
   workdir = str(tmp_path / "run")
   log = open(tmp_path / "serve.log", "w")
-  proc, url = start_server(["--config=configs/default.py:smoke", "--config.mode=disaggregated"],
-                           workdir, log)
+  proc, url = start_server(["--config=configs/default.py:smoke", "--config.mode=disaggregated",
+                            *VARIANTS[variant]], workdir, log)
+  rng = random.Random(1)
+  prefixes = [[rng.randrange(1, 256) for _ in range(24)] for _ in range(40)] if variant != \
+      "plain" else []
   try:
-    rss, failed = asyncio.run(_closed_loop(url, proc.pid))
+    rss, failed = asyncio.run(_closed_loop(url, proc.pid, prefixes))
   finally:
     proc.send_signal(signal.SIGINT)
     code = proc.wait(timeout=300)
