@@ -35,9 +35,11 @@ dropped names (older ones start over at 1).
 from __future__ import annotations
 
 import collections
+import math
 
 HOST_TIER_ADMISSIONS = ("all", "reused", "frequency", "adaptive")
 THRESHOLD = 2.0
+LOG2_THRESHOLD = 1   # (log2 of THRESHOLD: counts are powers of two)
 
 
 class AllPages:
@@ -67,32 +69,39 @@ class FrequencyFilter(AllPages):
       raise ValueError(f"frequency filter: half_life_s {half_life_s} must be > 0 and memory "
                        f"{memory} >= 1")
     self.half_life_s, self.memory = half_life_s, memory
-    self._seen: collections.OrderedDict[bytes, tuple[float, float]] = (
-        collections.OrderedDict())   # name -> (count, when), least recently dropped first
+    # name -> (log2 of its count, when), least recently dropped first. Every step of a count
+    # is a doubling or a halving, so it is a power of two kept as its (integer) exponent:
+    # exact, and never out of range (2.0 ** 1024, a page hit 1,024 times, overflowed).
+    self._seen: collections.OrderedDict[bytes, tuple[int, float]] = collections.OrderedDict()
 
-  def count(self, name: bytes, hits: int, last_used_s: float, copy: bool = False) -> float:
-    """The page's count when last used: its earlier count, halved per period boundary passed
-    since, doubled (it was computed again; not for a copy); or 1 when first seen. Doubled per
-    hit since."""
+  def log2_count(self, name: bytes, hits: int, last_used_s: float, copy: bool = False) -> int:
+    """log2 of the page's count when last used: its earlier count, halved per period boundary
+    passed since, doubled (it was computed again; not for a copy); or 1 when first seen.
+    Doubled per hit since."""
     earlier = self._seen.get(name)
     if earlier is None:
-      base = 1.0
+      base = 0
     else:
-      count, when = earlier
+      log2, when = earlier
       periods = int(last_used_s // self.half_life_s) - int(when // self.half_life_s)
-      base = (1.0 if copy else 2.0) * count * 0.5 ** max(periods, 0)
-    return base * 2.0 ** hits
+      base = (0 if copy else 1) + log2 - max(periods, 0)
+    return base + hits
+
+  def count(self, name: bytes, hits: int, last_used_s: float, copy: bool = False) -> float:
+    """The count itself (log2_count's power of two; inf past a float's range)."""
+    log2 = self.log2_count(name, hits, last_used_s, copy)
+    return math.ldexp(1.0, log2) if log2 < 1024 else math.inf
 
   def admit(self, name: bytes, salt: str, hits: int, last_used_s: float,
             copy: bool = False) -> bool:
     if copy and hits == 0 and name not in self._seen:
       return False      # an unused copy dropped before its source: no use to remember
-    count = self.count(name, hits, last_used_s, copy)
-    self._seen[name] = (count, last_used_s)
+    log2 = self.log2_count(name, hits, last_used_s, copy)
+    self._seen[name] = (log2, last_used_s)
     self._seen.move_to_end(name)
     while len(self._seen) > self.memory:
       self._seen.popitem(last=False)
-    return count >= THRESHOLD
+    return log2 >= LOG2_THRESHOLD
 
 
 class AdaptiveAdmission(AllPages):
