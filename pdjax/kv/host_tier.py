@@ -12,6 +12,13 @@ ever read half-written. Landed pages are evicted least recently used first (`lfu
 hits first, ties by recency) when the tier is full; pages still being written are never
 evicted, and a write that finds the tier full of them is refused (counted).
 
+A page taken for a reload (`take`) is pinned (`pin`) until its reader `release`s it (the
+reload read its bytes, or never will): a later admission of the same plan cannot evict it,
+and a flush that forgets it (nothing finds it from then on) leaves its bytes to the reader:
+`on_forget` hears of it once the last reader let go. Under Ray the bytes sit in the node's
+store and are read by the instance's process when its step runs, after the driver planned
+the step.
+
 Which evicted pages are offered at all is the tier's `admission` (kv/offload_admission.py:
 every page, pages reused on the device, or a decaying frequency filter), asked before any copy.
 
@@ -54,11 +61,15 @@ class HostTier:
     self.on_forget = None   # called with the names whose payloads the tier let go (evicted,
                             # flushed, lost): a node store outside the process drops them
     self.lost = False       # its store died (lose): nothing is offered or read any more
+    self._pins: collections.Counter[bytes] = collections.Counter()   # name -> reads taken,
+                                                                     # not yet released
+    self._unheld: set[bytes] = set()   # forgotten while pinned: on_forget once released
     self._pages: collections.OrderedDict[bytes, HostPage] = collections.OrderedDict()  # LRU
     self.stats = collections.Counter()   # offloaded, refused, duplicates, hit_pages,
                                          # lookups, hit_lookups, evictions, flushed, aborted,
                                          # not_admitted, remote_hit_pages (read from
-                                         # another node's tier), remote_declined_pages
+                                         # another node's tier), remote_declined_pages,
+                                         # lost, discarded (did not read back: `discard`)
 
   def __len__(self) -> int:
     return len(self._pages)
@@ -98,6 +109,7 @@ class HostTier:
     if len(self._pages) >= self.capacity and not self._evict_one(now):
       self.stats["refused"] += 1
       return False
+    self._unheld.discard(name)   # (written again: the store keeps it after the pinned read)
     self._pages[name] = HostPage(salt, owner, payload, writer, ready_s, now)
     self.stats["offloaded"] += 1
     self._record("offload", writer, salt, 1)
@@ -113,6 +125,11 @@ class HostTier:
         page.ready_s, n = now, n + 1
     return n
 
+  def in_flight(self, name: bytes, writer: str, now: float) -> bool:
+    """Whether name is held as writer's write that has not landed by now (still to copy)."""
+    page = self._pages.get(name)
+    return page is not None and page.writer == writer and page.ready_s > now
+
   def drop_writer(self, writer: str, now: float) -> int:
     """writer died: its writes that had not landed by now are gone. Returns how many."""
     lost = [n for n, p in self._pages.items() if p.writer == writer and p.ready_s > now]
@@ -123,15 +140,36 @@ class HostTier:
     return len(lost)
 
   def lose(self) -> int:
-    """The store holding the pages died: the tier is gone for the rest of the run (requests
-    recompute what it held). Returns the pages lost."""
-    n = len(self._pages)
+    """The store holding the pages died or stopped answering: the tier is gone for the rest
+    of the run (requests recompute what it held), and a store still alive is told to drop
+    everything. Returns the pages lost."""
+    n, held = len(self._pages), list(self._pages) + sorted(self._unheld)
     self._pages.clear()
+    self._pins.clear()
+    self._unheld.clear()
     self.lost = True
     self.stats["lost"] += n
+    self._forget(held)
     return n
 
+  def discard(self, names: list[bytes]) -> int:
+    """Forgets these pages (their bytes did not read back: a sealed page that did not open),
+    so no later lookup finds them; the store drops them (once no reader holds them). Returns
+    how many were held."""
+    gone = [n for n in dict.fromkeys(names) if n in self._pages]
+    for n in gone:
+      del self._pages[n]
+    self.stats["discarded"] += len(gone)
+    self._forget(gone)
+    return len(gone)
+
   def _forget(self, names: list[bytes]) -> None:
+    """The payloads of these names are let go (on_forget), those pinned once released."""
+    if self._pins:
+      pinned = [n for n in names if n in self._pins]
+      if pinned:
+        self._unheld.update(pinned)
+        names = [n for n in names if n not in self._pins]
     if names and self.on_forget is not None:
       self.on_forget(names)
 
@@ -166,7 +204,8 @@ class HostTier:
 
   def take(self, names: list[bytes], salt: str, now: float) -> list:
     """The payloads of these names (all landed, under salt: check with ready_prefix first),
-    counted as hits and made most recently used."""
+    counted as hits and made most recently used. A reader that reads them later `pin`s them
+    until then."""
     out = []
     for name in names:
       page = self._pages[name]
@@ -181,6 +220,32 @@ class HostTier:
       self.admission.reloaded(salt, len(out))
     return out
 
+  def pin(self, names: list[bytes]) -> None:
+    """A reader will read these held names (taken for a reload): never evicted until it
+    `release`s them, their bytes kept until then should the tier forget them."""
+    self._pins.update(names)
+
+  def release(self, names: list[bytes]) -> None:
+    """One reader of each of these taken names is done with it (read, or never will be):
+    evictable again once no reader holds it; dropped from the store if it was forgotten
+    meanwhile."""
+    done = []
+    for name in names:
+      left = self._pins[name] - 1
+      if left > 0:
+        self._pins[name] = left
+        continue
+      self._pins.pop(name, None)   # (a lost tier's pins are gone already)
+      if name in self._unheld:
+        self._unheld.discard(name)
+        done.append(name)
+    if done and self.on_forget is not None:
+      self.on_forget(done)
+
+  def pinned(self) -> int:
+    """Pages some reader has taken and not released."""
+    return len(self._pins)
+
   def count_lookup(self, hit_pages: int) -> None:
     """One request's lookup (a hit when it found at least one page)."""
     self.stats["lookups"] += 1
@@ -192,7 +257,9 @@ class HostTier:
   # ---- space ----------------------------------------------------------------------------
 
   def _evict_one(self, now: float) -> bool:
-    landed = ((n, p) for n, p in self._pages.items() if p.ready_s <= now)   # LRU first
+    pins = self._pins
+    landed = ((n, p) for n, p in self._pages.items()   # LRU first; never a page being read
+              if p.ready_s <= now and n not in pins)
     if self.policy == "lfu":   # fewest hits; min() keeps the least recently used of ties
       victim = min(landed, key=lambda item: item[1].hits, default=(None,))[0]
     else:

@@ -89,6 +89,21 @@ class PageAllocator:
       raise ValueError(f"page {page} out of range [0, {self._num_pages})")
 
 
+class _Release:
+  """Releases taken host pages (tier, name) in their tiers, once."""
+
+  def __init__(self, pins: list[tuple[object, bytes]]):
+    self._pins = pins
+
+  def __call__(self) -> None:
+    pins, self._pins = self._pins, []
+    by_tier: dict[int, tuple[object, list[bytes]]] = {}
+    for tier, name in pins:
+      by_tier.setdefault(id(tier), (tier, []))[1].append(name)
+    for tier, names in by_tier.values():
+      tier.release(names)
+
+
 class BlockTables:
   """Sequence id -> list of pages (its block table), backed by a PageAllocator."""
 
@@ -105,6 +120,9 @@ class BlockTables:
     self.audit = None                       # (event, tier, salt, pages) once attach_audit()
     self.pending_loads: dict[int, object] = {}   # page -> host payload to write before the
                                                  # next step (a prefix reloaded from the host)
+    self._pins: dict[int, tuple[object, bytes]] = {}   # pending load's page -> (the tier it
+                                                       # was taken from, its name): pinned
+                                                       # there until read (take_loads)
     self._names: dict[str, tuple[list[bytes], str]] = {}   # seq -> (page names, salt)
     # Accounting for reports: pages and tokens each table holds (the unused tail of its last
     # page is internal fragmentation), and pages held per owner (tenant), now and at peak.
@@ -145,9 +163,24 @@ class BlockTables:
     self.cache.on_event = lambda event, salt, pages: self.audit(event, "device", salt, pages)
 
   def take_loads(self) -> list[tuple[int, object]]:
-    """The host pages to write into this pool before the next step runs: (page, payload)."""
-    loads, self.pending_loads = list(self.pending_loads.items()), {}
+    """The host pages to write into this pool before the next step runs: (page, payload),
+    for a caller that reads them now (the simulator, the engine's host copies): the tier
+    pages they came from are released."""
+    loads, release = self.take_loads_held()
+    release()
     return loads
+
+  def take_loads_held(self) -> tuple[list[tuple[int, object]], object]:
+    """take_loads for a caller that reads the pages later (a Ray actor fetches them from the
+    node store when its step runs): (loads, release), release() once they were read or never
+    will be (idempotent); until then the tiers keep them (HostTier.pin)."""
+    loads, self.pending_loads = list(self.pending_loads.items()), {}
+    pins = [self._pins.pop(p) for p, _ in loads if p in self._pins]
+    return loads, _Release(pins)
+
+  def _unpin(self, pages) -> None:
+    """Pending loads of these pages that will never be read (their sequence let them go)."""
+    _Release([self._pins.pop(p) for p in pages if p in self._pins])()
 
   def _account(self, seq_id: str, num_tokens: int, owner: str = "") -> None:
     """Records a new or grown table: its tokens (never shrinking) and its owner's pages."""
@@ -291,8 +324,11 @@ class BlockTables:
       # The host tier continues the device hit (names chain: only a prefix can be reused).
       reloaded = self.host.ready_prefix(names[len(hits):], salt, now)
       fresh = self._tables[seq_id][len(hits):len(hits) + reloaded]
-      payloads = self.host.take(names[len(hits):len(hits) + reloaded], salt, now)
+      taken = names[len(hits):len(hits) + reloaded]
+      payloads = self.host.take(taken, salt, now)
+      self.host.pin(taken)
       self.pending_loads.update(zip(fresh, payloads))
+      self._pins.update((page, (self.host, name)) for page, name in zip(fresh, taken))
       if reloaded and self.audit is not None:
         self.audit("reload", "host", salt, reloaded)
       if self.remote is not None and len(hits) + reloaded < len(names):
@@ -313,7 +349,9 @@ class BlockTables:
       return 0
     fresh = self._tables[seq_id][start:start + n]
     payloads = peer.take(names[start:start + n], salt, now)
+    peer.pin(names[start:start + n])
     self.pending_loads.update(zip(fresh, [RemotePage(peer.node, p) for p in payloads]))
+    self._pins.update((page, (peer, name)) for page, name in zip(fresh, names[start:start + n]))
     self.host.stats["remote_hit_pages"] += n
     if self.audit is not None:
       self.audit("reload", "remote", salt, n)
@@ -358,8 +396,11 @@ class BlockTables:
     self.allocator.free(table)
     self._unaccount(seq_id)
     del self._tables[seq_id]
-    for p in table if self.pending_loads else ():
-      self.pending_loads.pop(p, None)    # never written into a page someone else gets next
+    if self.pending_loads:
+      for p in table:
+        self.pending_loads.pop(p, None)  # never written into a page someone else gets next
+      if self._pins:
+        self._unpin(table)
     self._names.pop(seq_id, None)
     if self.cache is not None:
       self.cache.release(table, now)
