@@ -46,9 +46,10 @@ from pdjax.engine import transfer
 from pdjax.engine.cluster import enable_compile_cache, host_params
 from pdjax.engine.instance import Instance
 from pdjax.engine.options import EngineOptions
-from pdjax.distributed.node_store import fetch_pages
-from pdjax.distributed.sealed_kv import SealedActorMixin, open_pages
+from pdjax.distributed.node_store import STORE_TIMEOUT_S, fetch_pages
+from pdjax.distributed.sealed_kv import SealedActorMixin, open_each
 from pdjax.engine.runtime import device_errors
+from pdjax.kv.remote_store import RemotePagesUnread
 from pdjax.models.llama_config import LlamaConfig
 from pdjax.scheduler.errors import (DeviceError, HostTierLost, PullNotStarted, RemoteStoreLost,
                                     StepNotRun)
@@ -158,32 +159,22 @@ class InstanceActor(SealedActorMixin):
                     seal_key: bytes | None = None) -> None:
     """Writes host pages from the stores into the pool (before the step that reads them):
     loads [(page, name)] from this node's store, remote_loads [(page, name, node)] from
-    stores[node] (another node's; sealed there and opened here when seal_key is set)."""
-    import ray
+    stores[node] (another node's; sealed there and opened here when seal_key is set). A store
+    that is gone, or does not answer within STORE_TIMEOUT_S, fails the step with HostTierLost
+    (this node's) or RemoteStoreLost (another's): that tier is lost."""
     pages, arrays = [], []
     if loads:
-      try:
-        arrays += await fetch_pages(await store.get.remote([name for _, name in loads]))
-      except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
-        raise HostTierLost(f"the node KV store is gone: {type(e).__name__}") from None
+      arrays += await _from_store(store.get.remote([name for _, name in loads]), HostTierLost(
+          "the node KV store is gone"))
       pages += [page for page, _ in loads]
     for node in sorted({n for _, _, n in remote_loads}):
       these = [(page, name) for page, name, n in remote_loads if n == node]
       names = [name for _, name in these]
-      try:
-        if seal_key is None:
-          got = await fetch_pages(await stores[node].get.remote(names))
-        else:
-          got = open_pages(seal_key, names, await stores[node].get_sealed.remote(names,
-                                                                                 seal_key))
-      except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
-        raise RemoteStoreLost(f"the KV store of node {node} is gone: {type(e).__name__}",
-                              node) from None
-      except DeviceError as e:
-        # A sealed page that did not open (SealError): that store is not read again (its tier
-        # is lost), or the prompt, recomputed, would find and reload the same pages again.
-        raise RemoteStoreLost(
-            f"node {node}'s KV store served a page that did not open: {e}", node) from None
+      lost = RemoteStoreLost(f"the KV store of node {node} is gone", node)
+      if seal_key is None:
+        got = await _from_store(stores[node].get.remote(names), lost)
+      else:
+        got = await _read_sealed(stores[node], node, names, seal_key, lost)
       pages += [page for page, _ in these]
       arrays += got
     self._host_copies().scatter_from_host(pages, arrays)
@@ -337,6 +328,31 @@ class InstanceActor(SealedActorMixin):
       self._check_epoch(epoch, address)   # no await from here to the scatter's dispatch
       transfer.land_shards(inst, arrays, pages, layers)
     return {"bytes": sum(int(a.nbytes) for a in arrays), "seconds": time.perf_counter() - start}
+
+
+async def _from_store(call, lost: Exception, fetch: bool = True) -> list:
+  """A store call's pages (arrays: large pages' objects fetched); `lost` (its message, with
+  why) when the store is gone or does not answer within STORE_TIMEOUT_S."""
+  import ray
+  try:
+    got = await asyncio.wait_for(call, STORE_TIMEOUT_S)
+    return await fetch_pages(got) if fetch else got
+  except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
+          asyncio.TimeoutError) as e:
+    raise type(lost)(f"{lost}: {type(e).__name__}", *lost.args[1:]) from None
+
+
+async def _read_sealed(store, node: int, names: list[bytes], key: bytes, lost) -> list:
+  """Another node's pages, sealed by its store and opened here. A read whose pages do not all
+  open is read once more (a piece corrupted on its way); when some fail again, the reload
+  fails with RemotePagesUnread naming them (that node's tier forgets them, not itself)."""
+  for _ in range(2):
+    pieces = await _from_store(store.get_sealed.remote(names, key), lost, fetch=False)
+    arrays, bad = open_each(key, names, pieces)
+    if not bad:
+      return arrays
+  raise RemotePagesUnread(f"node {node}'s KV store served pages that did not open, twice: "
+                          f"{bad[0][1]}", node, [n for n, _ in bad])
 
 
 class OfferStream:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 
 LARGE_PAGE_BYTES = 1 << 20
+STORE_TIMEOUT_S = 120.0   # the longest an instance or the driver waits for a store call: then
+                          # the store counts as lost (its tier is), as a dead one
 
 
 class NodeStore:
@@ -31,6 +33,7 @@ class NodeStore:
   def __init__(self, large_page_bytes: int = LARGE_PAGE_BYTES):
     self.pages: dict[bytes, object] = {}   # name -> array, or the ref of its object
     self.large_page_bytes = large_page_bytes
+    self._tampered_reads = 0               # (tamper_sealed_reads)
 
   def put(self, items: dict) -> int:
     """Stores pages by name; returns their bytes."""
@@ -53,7 +56,13 @@ class NodeStore:
   def get_sealed(self, names: list[bytes], key: bytes) -> list:
     """The pages sealed under their names (kv.seal_cross_node: a read from another node)."""
     from pdjax.distributed.sealed_kv import seal_pages
-    return seal_pages(key, names, self._arrays(names))
+    tamper, self._tampered_reads = self._tampered_reads > 0, max(self._tampered_reads - 1, 0)
+    return seal_pages(key, names, self._arrays(names), tamper)
+
+  def tamper_sealed_reads(self, n: int) -> None:
+    """Fault injection: the next n sealed reads flip a byte of their first piece (a read
+    corrupted on its way, as faults.tamper_prob does to P -> D pieces)."""
+    self._tampered_reads = n
 
   def drop(self, names: list[bytes]) -> int:
     return sum(self.pages.pop(n, None) is not None for n in names)

@@ -9,7 +9,12 @@ the sequence number of the step whose device tokens they read.
 
 Failures, as the driver expects them: a DeviceError raised in the actor arrives as DeviceError;
 the actor's process gone (killed, crashed) arrives as `InstanceLost`; any other exception in
-the actor is a bug and propagates as Ray raised it.
+the actor is a bug and propagates as Ray raised it. The driver waits for the node KV store
+(flush_offloads) at most `store_timeout_s`: a store that does not answer is lost, as a dead one.
+
+Host pages a step reloads stay pinned in their tiers (HostTier.pin) until the step's result
+is in, or the instance is killed: the actor reads them from the store when the step runs, after
+the driver may have planned more (whose offloads could otherwise evict them).
 
 The transfer function of a Ray run (`RayTransfer`, actor to actor) is in ray_transfer.py;
 RemoteInstance keeps its destination side's pull epochs.
@@ -22,15 +27,17 @@ import itertools
 import ray
 
 from pdjax.cli import first_and_last_line
+from pdjax.distributed.node_store import STORE_TIMEOUT_S
 from pdjax.kv.pages import BlockTables
-from pdjax.kv.remote_store import RemotePage
+from pdjax.kv.remote_store import RemotePage, RemotePagesUnread
 from pdjax.scheduler.errors import DeviceError, HostTierLost, InstanceLost, RemoteStoreLost
 
 
-def ray_result(ref, name: str):
-  """ray.get, with the actor's expected failures as the driver's exceptions."""
+def ray_result(ref, name: str, timeout_s: float | None = None):
+  """ray.get, with the actor's expected failures as the driver's exceptions (GetTimeoutError
+  after timeout_s, when given)."""
   try:
-    return ray.get(ref)
+    return ray.get(ref, timeout=timeout_s)
   except ray.exceptions.RayActorError as e:
     raise InstanceLost(f"{name}'s process is gone: {first_and_last_line(str(e))}") from e
   except ray.exceptions.RayTaskError as e:
@@ -74,14 +81,22 @@ class RemotePending:
       self._instance.lose_host_tier()
       raise
     except RemoteStoreLost as e:     # (another node's store: its tier, for every instance)
-      for tier in self._instance.tables.remote.peers:
-        if tier.node == e.node and not tier.lost:
-          tier.lose()
+      for tier in self._peers(e.node):
+        tier.lose()
       raise
+    except RemotePagesUnread as e:   # (pages of another node's that did not open: forgotten)
+      for tier in self._peers(e.node):
+        tier.discard(e.names)
+      raise
+    finally:
+      self._instance.reads_done(self.seq)   # (the step has read its host pages, or never will)
     self.build_s, self.dispatch_s = out["build_s"], out["dispatch_s"]
     self._instance.host_stats["load_s"] += out["reload_s"]
     self._instance.counters = {k: out[k] for k in COUNTERS}
     return out["tokens"]
+
+  def _peers(self, node: int) -> list:
+    return [t for t in self._instance.tables.remote.peers if t.node == node and not t.lost]
 
 
 COUNTERS = ("compiles", "compiles_from_cache", "lazy_compiles", "lazy_compile_s")
@@ -116,6 +131,8 @@ class RemoteInstance:
     self.seal_key = None             # the run's key when KV leaving a node is sealed
     self._offloads: list[tuple[int, bytes]] = []   # evicted pages to copy out before the
                                                    # actor's pool is written again
+    self._reads: dict[int, object] = {}   # step seq -> the release of the host pages it reads
+    self.store_timeout_s = STORE_TIMEOUT_S
     self.host_stats = {"offload_pages": 0, "load_pages": 0, "load_s": 0.0,
                        "remote_load_pages": 0}
 
@@ -140,6 +157,14 @@ class RemoteInstance:
       ray.kill(self.actor, no_restart=True)
     self.alive = False
     self._offloads.clear()           # (their pages died with the process: drop_writer)
+    for seq in list(self._reads):    # (its steps read nothing more)
+      self.reads_done(seq)
+
+  def reads_done(self, seq: int) -> None:
+    """Step seq's host pages were read, or never will be: their tiers may let them go."""
+    release = self._reads.pop(seq, None)
+    if release is not None:
+      release()
 
   # ---- the node's host KV tier (its bytes in the node store: node_store.py) ------------------
 
@@ -164,25 +189,35 @@ class RemoteInstance:
       self._offloads.append((page, name))
 
   def flush_offloads(self) -> None:
-    """Copies the pages evicted since the last call to the store, waiting for it: called
-    before any call that writes this actor's pool (a step, a pull into it), since those pages
-    now belong to other sequences."""
+    """Copies the pages evicted since the last call to the store, waiting for it (at most
+    store_timeout_s: then the tier is lost): called before any call that writes this actor's
+    pool (a step, a pull into it), since those pages now belong to other sequences. A page the
+    tier forgot since it was offered (a tenant flush) is not written: the store was told to
+    drop it already, and a write after that would stay there for good."""
     if not self._offloads or not self.alive:
       return
-    pages, names = [p for p, _ in self._offloads], [n for _, n in self._offloads]
-    self._offloads = []
+    tier, offloads, self._offloads = self.tables.host, self._offloads, []
+    wanted = {}                      # name -> page (a name offered twice: the same content)
+    for page, name in offloads:
+      if tier.in_flight(name, self.name, 0.0):
+        wanted.setdefault(name, page)
+    if not wanted:
+      return
+    names, pages = list(wanted), list(wanted.values())
     try:
-      ray_result(self.actor.offload.remote(pages, names, self.store), self.name)
-    except HostTierLost:
+      ray_result(self.actor.offload.remote(pages, names, self.store), self.name,
+                 self.store_timeout_s)
+    except (HostTierLost, ray.exceptions.GetTimeoutError):
       self.lose_host_tier()
       return
     except InstanceLost:
       return                         # (the step sent next fails the same way: recovery)
-    self.tables.host.land(names, self.name, 0.0)
+    tier.land(names, self.name, 0.0)
     self.host_stats["offload_pages"] += len(pages)
 
   def lose_host_tier(self) -> None:
-    """The node's KV store is gone: the tier is lost for the rest of the run."""
+    """The node's KV store is gone (or does not answer): the tier is lost for the rest of the
+    run."""
     tier = self.tables.host
     if tier is not None and not tier.lost:
       tier.lose()
@@ -251,7 +286,7 @@ class RemoteInstance:
     seq, self._seq = self._seq, self._seq + 1
     self.flush_offloads()
     if self.tables.pending_loads:
-      loads = self.tables.take_loads()
+      loads, self._reads[seq] = self.tables.take_loads_held()   # (released by its result)
       local = tuple((p, x) for p, x in loads if not isinstance(x, RemotePage))
       remote = tuple((p, x.payload, x.node) for p, x in loads if isinstance(x, RemotePage))
       offers.update(loads=local, store=self.store)

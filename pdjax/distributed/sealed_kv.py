@@ -48,6 +48,19 @@ def open_pages(key: bytes, names: list[bytes], pieces) -> list:
   return [sealer.open(n, p) for n, p in zip(names, pieces)]
 
 
+def open_each(key: bytes, names: list[bytes], pieces) -> tuple[list, list[tuple[bytes, str]]]:
+  """Every piece opened: (arrays, []) when all open, else ([], [(name, why)] of each that did
+  not)."""
+  from pdjax.kv.seal import SealError
+  sealer, arrays, bad = PageSealer(key), [], []
+  for n, p in zip(names, pieces):
+    try:
+      arrays.append(sealer.open(n, p))
+    except SealError as e:
+      bad.append((n, str(e)))
+  return ([] if bad else arrays), bad
+
+
 class SealedActorMixin:
   """InstanceActor's side (distributed/actor.py): needs `_host_copies()` and `_check_epoch`."""
 

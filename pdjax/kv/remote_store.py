@@ -18,11 +18,31 @@ the prediction is optimistic there.
 Pages reloaded from another node are pending loads wrapped in `RemotePage` (the node they
 come from): the simulator times them on the link, the Ray launcher reads them from that node's
 store. The reading tier counts them (`remote_hit_pages`, `remote_declined_pages`).
+
+A sealed page from another node's store that does not open is read once more (a piece
+corrupted on its way); when it fails again the reload fails (`RemotePagesUnread`: its prompts
+are computed again) and that node's tier forgets those pages only (HostTier.discard): one
+corrupt read costs that reload, not the node's tier.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from pdjax.scheduler.errors import ReloadFailed
+
+
+class RemotePagesUnread(ReloadFailed):
+  """Pages another node's store served sealed that did not open, twice: the step did not run
+  (its prompts start over) and that node's tier forgets them (`names`). args: (message, node,
+  names), so Ray rebuilds it in the driver."""
+
+  def __init__(self, message: str, node: int = 0, names=()):
+    super().__init__(message, node, list(names))
+    self.node, self.names = node, list(names)
+
+  def __str__(self) -> str:
+    return self.args[0]
 
 
 def nodes_of(count: int, nodes: int) -> list[int]:
