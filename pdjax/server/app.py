@@ -54,6 +54,14 @@ async def read_body(http: HttpRequest, limit: int) -> bytes:
   return b"".join(chunks)
 
 
+async def read_json_body(http: HttpRequest, limit: int) -> bytes:
+  """read_body, refused first (415) when its Content-Type says it is not JSON."""
+  wrong = protocol.content_type_problem(http.headers.get("content-type"))
+  if wrong is not None:
+    raise wrong
+  return await read_body(http, limit)
+
+
 def make_app(engine, *, model_name: str, max_model_len: int, vocab_size: int,
              metrics=None, lifespan=None, max_body_bytes: int = MAX_BODY_BYTES,
              api_keys: dict[str, str] | None = None,
@@ -65,7 +73,8 @@ def make_app(engine, *, model_name: str, max_model_len: int, vocab_size: int,
   /metrics answers without a key. metrics: an in-process engine's ServerMetrics for /metrics
   (default: the engine's own)."""
   api_keys = protocol.ApiKeys(api_keys) if api_keys else None
-  app = FastAPI(title="pdjax", lifespan=lifespan)
+  # No redirect of /v1/completions/ to /v1/completions (a 307 a POST may not follow): 404.
+  app = FastAPI(title="pdjax", lifespan=lifespan, redirect_slashes=False)
   max_prompt_chars = protocol.max_prompt_chars_for(engine.tokenizer, max_model_len)
 
   def error(e: protocol.ApiError) -> JSONResponse:
@@ -116,10 +125,7 @@ def make_app(engine, *, model_name: str, max_model_len: int, vocab_size: int,
     try:
       tenant = (protocol.tenant_of(http.headers.get("authorization"), api_keys)
                 if api_keys else "")
-      try:
-        body = json.loads(await read_body(http, max_body_bytes))
-      except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise protocol.ApiError(400, f"the request body is not valid JSON: {e}") from None
+      body = protocol.read_json(await read_json_body(http, max_body_bytes))
       # Tokenizing and rendering a template take time: off the event loop, which serves
       # every other stream meanwhile.
       g = await asyncio.to_thread(
@@ -161,11 +167,8 @@ def make_app(engine, *, model_name: str, max_model_len: int, vocab_size: int,
     409 under kv.shared_salt (no page is the tenant's own: engine_api.SharedCache)."""
     try:
       own = protocol.tenant_of(http.headers.get("authorization"), api_keys) if api_keys else None
-      raw = await read_body(http, max_body_bytes)
-      try:
-        body = json.loads(raw) if raw.strip() else {}
-      except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise protocol.ApiError(400, f"the request body is not valid JSON: {e}") from None
+      raw = await read_json_body(http, max_body_bytes)
+      body = protocol.read_json(raw) if raw.strip() else {}
       asked = body.get("tenant") if isinstance(body, dict) else None
       if asked is not None and not isinstance(asked, str):
         raise protocol.ApiError(400, f"tenant must be a string, got {protocol.show(asked)}",

@@ -14,6 +14,8 @@ ignoring it would make a comparison with another server wrong without saying so.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import time
 import uuid
 
@@ -71,22 +73,22 @@ def parse(body, *, chat: bool, model_name: str, tokenizer, max_model_len: int,
   keys = CHAT_KEYS if chat else COMPLETION_KEYS
   for key, value in body.items():
     if key not in keys and value is not None:
-      raise ApiError(400, f"unsupported parameter: {key!r}", key)
+      raise ApiError(400, f"unsupported parameter: {show(key)}", _cut(key))
   model = body.get("model")
   if model != model_name:
-    raise ApiError(400, f"model {model!r} is not served here (this server serves "
+    raise ApiError(400, f"model {show(model)} is not served here (this server serves "
                    f"{model_name!r})", "model")
   n = body.get("n")
-  if n is not None and n != 1:
-    raise ApiError(400, f"n={n!r} is not supported (only n=1)", "n")
+  if n is not None and not (_is_int(n) and n == 1):   # (not True, not 1.0)
+    raise ApiError(400, f"n={show(n)} is not supported (only n=1)", "n")
   prompt_ids = (_chat_ids(body, tokenizer, max_prompt_chars) if chat
                 else _prompt_ids(body, tokenizer, max_prompt_chars))
   if not prompt_ids:
     raise ApiError(400, "the prompt is empty", "messages" if chat else "prompt")
   bad = next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
   if bad is not None:
-    raise ApiError(400, f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})",
-                   "prompt")
+    raise ApiError(400, f"prompt token id {show(bad)} is outside the vocabulary "
+                   f"[0, {vocab_size})", "prompt")
   room = max_model_len - len(prompt_ids)
   if room < 1:
     raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; max_model_len = "
@@ -104,14 +106,18 @@ def parse(body, *, chat: bool, model_name: str, tokenizer, max_model_len: int,
     raise ApiError(400, "top_p must be in (0, 1]", "top_p")
   seed = body.get("seed")
   if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-    raise ApiError(400, f"seed={seed!r} must be an integer", "seed")
+    raise ApiError(400, f"seed={show(seed)} must be an integer", "seed")
   stream = _bool(body, "stream", False)
   options = body.get("stream_options")
   if options is not None and (not stream or not isinstance(options, dict)
-                              or set(options) - {"include_usage"}):
+                              or set(options) - {"include_usage"}
+                              or not isinstance(options.get("include_usage", False), bool)):
     raise ApiError(400, "stream_options must be {\"include_usage\": bool}, with stream=true",
                    "stream_options")
-  include_usage = bool((options or {}).get("include_usage", False))
+  include_usage = (options or {}).get("include_usage", False)
+  user = body.get("user")
+  if user is not None and not isinstance(user, str):
+    raise ApiError(400, f"user={show(user)} must be a string", "user")
   return Generation(chat=chat, prompt_ids=prompt_ids, max_tokens=max_tokens,
                     temperature=temperature, top_p=top_p, seed=seed, stop=_stops(body),
                     stream=stream, include_usage=include_usage,
@@ -160,7 +166,7 @@ def _chat_ids(body: dict, tokenizer, max_prompt_chars: int | None = None) -> lis
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
       raise ApiError(400, "each message must be an object with a role and content", "messages")
     if m["role"] not in ROLES:
-      raise ApiError(400, f"message role {m['role']!r} is not one of {', '.join(ROLES)}",
+      raise ApiError(400, f"message role {show(m['role'])} is not one of {', '.join(ROLES)}",
                      "messages")
     content = m.get("content")
     if isinstance(content, list):   # [{"type": "text", "text": ...}, ...]
@@ -190,6 +196,42 @@ def _cache_salt(body: dict) -> str:
     raise ApiError(400, f"cache_salt must be a non-empty string of at most "
                    f"{MAX_CACHE_SALT_CHARS} characters", "cache_salt")
   return salt
+
+
+JSON_ERROR = "the request body is not valid JSON"
+# A JSON escape of a UTF-16 surrogate: json.loads pairs a high one with a low one (one
+# character, as json.dumps writes an emoji), and keeps a lone one as a str no codec can write.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def read_json(raw: bytes):
+  """A request body's JSON value; ApiError(400) for what is not JSON or not text: bad syntax
+  or encoding, nesting deeper than Python's recursion limit, an integer of more digits than
+  Python reads (sys.get_int_max_str_digits), a lone surrogate (a str nothing can encode:
+  the answer naming it, a page salt hashed from it, a tokenizer would fail on it)."""
+  try:
+    body = json.loads(raw)
+  except RecursionError:
+    raise ApiError(400, f"{JSON_ERROR}: it is nested too deeply") from None
+  except ValueError as e:   # JSONDecodeError, UnicodeDecodeError, too many digits
+    raise ApiError(400, f"{JSON_ERROR}: {_cut(str(e).split('; use sys.')[0], 200)}") from None
+  if _SURROGATE_ESCAPE.search(raw):
+    try:
+      json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+      raise ApiError(400, f"{JSON_ERROR}: it holds a lone UTF-16 surrogate (an unpaired "
+                     "\\ud800-\\udfff escape), which is not text") from None
+  return body
+
+
+def content_type_problem(content_type: str | None) -> ApiError | None:
+  """415 for a body that says it is not JSON; none said (or empty), application/json and
+  application/*+json (any parameters) are read as JSON."""
+  media = (content_type or "").split(";")[0].strip().lower()
+  if not media or media == "application/json" or (
+      media.startswith("application/") and media.endswith("+json")):
+    return None
+  return ApiError(415, f"Content-Type {_cut(media, 100)} is not JSON: send application/json")
 
 
 SALT_SEPARATOR = "/salt:"    # pdjax.kv.prefix_cache.salt_for: "tenant:<name>/salt:<cache_salt>"
@@ -261,7 +303,8 @@ def tenant_of(authorization: str | None, api_keys) -> str:
 def load_api_keys(path: str) -> dict[str, str]:
   """server.api_keys: a JSON object {"<key>": "<tenant>", ...} (ApiKeys checks it);
   ValueError naming the file."""
-  import json
+  if not isinstance(path, str):   # (open(5) would read, then close, file descriptor 5)
+    raise ValueError(f"server.api_keys={path!r} must be a file name")
   try:
     with open(path) as f:
       keys = json.load(f)
@@ -276,6 +319,10 @@ def load_api_keys(path: str) -> dict[str, str]:
   except ValueError as e:
     raise ValueError(f"server.api_keys={path!r}: {e}") from None
   return keys
+
+
+def _cut(text: str, limit: int = 100) -> str:
+  return text if len(text) <= limit else text[:limit] + "..."
 
 
 def show(value, limit: int = 100) -> str:
@@ -312,7 +359,7 @@ def _int(body: dict, key: str, default: int, lo: int) -> int:
   if v is None:
     return default
   if not _is_int(v) or v < lo:
-    raise ApiError(400, f"{key}={v!r} must be an integer >= {lo}", key)
+    raise ApiError(400, f"{key}={show(v)} must be an integer >= {lo}", key)
   return v
 
 
@@ -321,7 +368,7 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float
   if v is None:
     return default
   if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-    raise ApiError(400, f"{key}={v!r} must be a number in [{lo:g}, {hi:g}]", key)
+    raise ApiError(400, f"{key}={show(v)} must be a number in [{lo:g}, {hi:g}]", key)
   return float(v)
 
 
@@ -330,7 +377,7 @@ def _bool(body: dict, key: str, default: bool) -> bool:
   if v is None:
     return default
   if not isinstance(v, bool):
-    raise ApiError(400, f"{key}={v!r} must be true or false", key)
+    raise ApiError(400, f"{key}={show(v)} must be true or false", key)
   return v
 
 
