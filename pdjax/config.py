@@ -20,6 +20,8 @@ from pdjax.models.param_layout import LAYOUTS
 from pdjax.workload.loader import validate_workload
 
 MODES = ("colocated", "disaggregated", "compare")
+MAX_INSTANCES = 65536   # per tier: the checks below name every instance (a huge count hung)
+MAX_REQUESTS = 10_000_000   # per run (2**63 failed in numpy, a traceback)
 
 
 class ConfigError(ValueError):
@@ -283,6 +285,10 @@ def _checked_profile(cfg, mcfg: LlamaConfig, path: str, key: str) -> dict:
 
 def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   """Raises ConfigError on the first bad value; returns the model config."""
+  from pdjax.config_types import type_error
+  wrong = type_error(cfg)   # before any check compares a value of the wrong type
+  if wrong:
+    raise ConfigError(wrong)
   _require(cfg.mode in MODES, "mode", cfg.mode, f"is not one of {list(MODES)}")
   _require(cfg.backend in ("jax", "sim"), "backend", cfg.backend, "is not one of ['jax', 'sim']")
   limit = cfg.get("server", {}).get("max_body_bytes", 1)
@@ -322,6 +328,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   for role in ("prefill", "decode", "colocated"):
     tier = cfg.cluster[role]
     _require(tier.instances >= 1, f"cluster.{role}.instances", tier.instances, "must be >= 1")
+    _require(tier.instances <= MAX_INSTANCES, f"cluster.{role}.instances", tier.instances,
+             f"must be at most {MAX_INSTANCES} (instances per tier)")
     _require(tier.tp >= 1, f"cluster.{role}.tp", tier.tp, "must be >= 1")
     for what, n in (("num_kv_heads", mcfg.num_kv_heads), ("num_heads", mcfg.num_heads),
                     ("intermediate_size", mcfg.intermediate_size)):
@@ -349,7 +357,8 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   latency_profile(cfg, mcfg)
   kv = cfg.kv
   _require(kv.page_size >= 1, "kv.page_size", kv.page_size, "must be >= 1")
-  _require(kv.max_model_len >= 1, "kv.max_model_len", kv.max_model_len, "must be >= 1")
+  _require(kv.max_model_len >= 2, "kv.max_model_len", kv.max_model_len,
+           "must be >= 2 (one prompt and one output token)")
   _require(kv.max_model_len <= mcfg.max_position_embeddings, "kv.max_model_len",
            kv.max_model_len, f"exceeds the model's {mcfg.max_position_embeddings} positions")
   try:
@@ -427,6 +436,9 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   error = validate_workload(cfg.workload)
   if error:
     raise ConfigError(error)
+  requests = cfg.workload.get("num_requests", 0)
+  _require(requests <= MAX_REQUESTS, "workload.num_requests", requests,
+           f"must be at most {MAX_REQUESTS:,} (a run holds its requests in memory)")
   _require(cfg.sampling.temperature >= 0, "sampling.temperature", cfg.sampling.temperature,
            "must be >= 0")
   _require(cfg.slo.ttft_s > 0, "slo.ttft_s", cfg.slo.ttft_s, "must be > 0")
