@@ -53,7 +53,7 @@ def block(stdout: str, bullets: list[str], wall: float, cpu: float, cache: str) 
   return "\n".join([
       BEGIN, "```", printed, "```", "",
       "compare.md's conclusion, from these numbers (each difference judged by its interval "
-      "paired over the seeds):", "", *bullets, "",
+      "paired over the seeds; with three modes, Holm-adjusted over every pair a line ranks):", "", *bullets, "",
       f"Recorded {when} on {platform.machine()} with {os.cpu_count()} cores "
       f"(load average {os.getloadavg()[0]:.1f} after): the whole command took {wall:.0f} s "
       f"wall ({cpu:.0f} s CPU), compile cache {cache} (`python scripts/update_readme.py`).",

@@ -21,6 +21,7 @@ workload through the scheduler measures, is the runner's: pdjax/runner/calibrati
 from __future__ import annotations
 
 import statistics
+import time
 
 MIN_POINT_S = 0.05
 
