@@ -87,7 +87,8 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
       raise ValueError(f"mode must be colocated or disaggregated, got {mode!r}")
     self.mode, self.workers, self.opts, self.clock = mode, workers, options, clock
     self.transfer_fn = transfer_fn
-    self.policies = guard(policies or default_policies(options), Views(_slo(options)))
+    self._views = Views(_slo(options))
+    self.policies = guard(policies or default_policies(options), self._views)
     roles = {w.role for w in workers}
     needed = {"colocated"} if mode == "colocated" else {"prefill", "decode"}
     if not needed <= roles or (mode == "disaggregated" and not transfer_fn):
@@ -170,6 +171,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
     req.finish(status, now, reason)
     self._attempts.pop(id(req), None)   # (keyed by id(req): a later request may reuse the id)
     self._retrying.pop(id(req), None)
+    self._views.forget(req)             # (its policy view: a server runs for days)
     self._terminal += 1      # counted here: summing over all requests every turn is O(n^2)
     del self._open[id(req)]
     if self.spill_dir is not None:

@@ -245,6 +245,10 @@ class Views:
       view = self._requests[id(req)] = RequestView(req, self.slo)
     return view
 
+  def forget(self, req) -> None:
+    """req ended: its view goes (a long-lived driver must not keep one per request)."""
+    self._requests.pop(id(req), None)
+
   def instance(self, queue) -> InstanceView:
     view = self._instances.get(id(queue))
     if view is None or view._q is not queue:

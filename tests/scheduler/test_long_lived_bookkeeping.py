@@ -37,6 +37,7 @@ def test_transfer_errors_are_counted_under_a_bounded_number_of_reasons():
   assert errors["DeviceError: link reset at epoch 1"] == 1
   assert sum(errors.values()) == 40
   assert [r.status for r in result.requests].count(Status.FAILED) == 40
+  assert driver._views._requests == {}        # no request's policy view outlives it
 
 
 def test_a_server_driver_spills_its_flushes(tmp_path):
