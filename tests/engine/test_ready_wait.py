@@ -13,7 +13,7 @@ from pdjax.engine import ready_wait
 from pdjax.engine.cluster import build_instances
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.runner import serve_requests as serving
-from pdjax.scheduler import driver as driver_lib
+from pdjax.scheduler import waiting as waiting_lib
 
 
 class Gate:
@@ -82,7 +82,7 @@ def test_a_bug_in_a_watcher_is_raised_by_the_wait_not_lost_in_its_thread(monkeyp
 
 
 class CountingSleep:
-  """The driver module's `time`, counting sleeps (its poll when it cannot block)."""
+  """The waiting module's `time`, counting sleeps (its poll when it cannot block)."""
 
   def __init__(self):
     self.sleeps = 0
@@ -103,7 +103,7 @@ def test_an_engine_run_blocks_on_its_steps_and_transfers_never_polls(tiny_model,
             else [("prefill", 1, 1), ("decode", 1, 1)])
   instances = build_instances(layout, cfg, params, tiny_engine_options())
   counting = CountingSleep()
-  monkeypatch.setattr(driver_lib, "time", counting)
+  monkeypatch.setattr(waiting_lib, "time", counting)
   reqs = [Request(id=f"r{i}", arrival_s=0.0, prompt_ids=list(range(3, 13 + i)),
                   sampling=SamplingParams(max_new_tokens=6, ignore_eos=True)) for i in range(3)]
   result = serving.serve(mode, instances, reqs)
