@@ -51,7 +51,7 @@ from pdjax.distributed.sealed_kv import SealedActorMixin, open_each
 from pdjax.engine.runtime import device_errors
 from pdjax.kv.remote_store import RemotePagesUnread
 from pdjax.models.llama_config import LlamaConfig
-from pdjax.scheduler.errors import (DeviceError, HostTierLost, PullNotStarted, RemoteStoreLost,
+from pdjax.errors import (DeviceError, HostTierLost, PullNotStarted, RemoteStoreLost,
                                     StepNotRun)
 
 PULL_POLL_S = 0.0005   # how often a pull in flight is checked

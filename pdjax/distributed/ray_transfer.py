@@ -20,7 +20,7 @@ import time
 from pdjax.distributed.remote import RemoteInstance, is_ready, ray_result, wait_any
 from pdjax.kv.layer_groups import group_bounds
 from pdjax.kv.transfer_result import TransferResult
-from pdjax.scheduler.errors import DeviceError, InstanceLost, PullNotStarted
+from pdjax.errors import DeviceError, InstanceLost, PullNotStarted
 
 DEADLINE_GRACE_S = 5.0   # the driver gives up on a pull this long after the actor's deadline
 

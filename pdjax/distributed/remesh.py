@@ -19,7 +19,7 @@ import dataclasses
 import time
 
 from pdjax.distributed.remote import RemoteInstance
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 
 class RayRemeshBuilder:

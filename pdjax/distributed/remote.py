@@ -30,7 +30,7 @@ from pdjax.cli import first_and_last_line
 from pdjax.distributed.node_store import STORE_TIMEOUT_S
 from pdjax.kv.pages import BlockTables
 from pdjax.kv.remote_store import RemotePage, RemotePagesUnread
-from pdjax.scheduler.errors import DeviceError, HostTierLost, InstanceLost, RemoteStoreLost
+from pdjax.errors import DeviceError, HostTierLost, InstanceLost, RemoteStoreLost
 
 
 def ray_result(ref, name: str, timeout_s: float | None = None):

@@ -16,7 +16,7 @@ import threading
 import jax
 from jax import monitoring
 
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 # Recorded by jax._src.compiler.compile_or_get_cached when the persistent cache serves a program.
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"

@@ -24,7 +24,7 @@ import collections
 import hashlib
 import struct
 
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 EVICTION_POLICIES = ("lru", "lfu")
 

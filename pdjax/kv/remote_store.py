@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pdjax.scheduler.errors import ReloadFailed
+from pdjax.errors import ReloadFailed
 
 
 class RemotePagesUnread(ReloadFailed):

@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 NONCE_BYTES = 12
 

@@ -12,7 +12,7 @@ A mixin of `Driver`; pure Python."""
 from __future__ import annotations
 
 from pdjax.request import Request, Status
-from pdjax.scheduler.errors import (DeviceError, HostTierLost, InstanceLost, ReloadFailed,
+from pdjax.errors import (DeviceError, HostTierLost, InstanceLost, ReloadFailed,
                                     RemoteStoreLost, StepNotRun)
 from pdjax.scheduler.instance_queue import InstanceQueue
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 from pdjax.scheduler.instance_queue import EWMA, SlowPending, Step, InstanceQueue
 from pdjax.scheduler.policies.no_role_switch import NoRoleSwitch
 

@@ -61,7 +61,7 @@ class TransferLanded(Protocol):
 @runtime_checkable
 class PendingStep(Protocol):
   """A dispatched step. ready() must not block; result() blocks for the host tokens, one per
-  row in the order of the call's seqs, and raises scheduler.errors.DeviceError (InstanceLost,
+  row in the order of the call's seqs, and raises pdjax.errors.DeviceError (InstanceLost,
   StepNotRun) for a step that failed. Optional: OPTIONAL_PENDING."""
 
   def ready(self) -> bool: ...

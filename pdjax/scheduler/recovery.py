@@ -23,7 +23,7 @@ import heapq
 import logging
 
 from pdjax.request import Request, Status
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 from pdjax.scheduler.streams import abandon_transfer
 
 FALLBACK_TRANSFER = "transfer_failed:recompute_on_decode"

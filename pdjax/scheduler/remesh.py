@@ -26,7 +26,7 @@ collected after it).
 from __future__ import annotations
 
 from pdjax.request import Request, Status
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 from pdjax.scheduler.instance_queue import InstanceQueue
 from pdjax.scheduler.policies.always_disagg import AlwaysDisagg
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pdjax.kv.pages import OutOfPages
 from pdjax.request import PendingToken, Request, Status
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 from pdjax.scheduler.instance_queue import SlowPending, Step, InstanceQueue
 from pdjax.scheduler.policies.base import StepPlan
 

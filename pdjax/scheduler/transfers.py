@@ -17,7 +17,7 @@ run of quiet recomputations.
 from __future__ import annotations
 
 from pdjax.request import Request, Status
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 from pdjax.scheduler.instance_queue import InstanceQueue
 
 MAX_ERROR_REASONS = 32   # distinct transfer-error reasons counted apart (faults.transfer_errors)

@@ -183,7 +183,9 @@ def test_the_cycle_check_sees_a_cycle():
 @pytest.mark.parametrize("package,banned", [
     ("pdjax/sim", "pdjax.engine"),        # the simulator stands without the engine
     ("pdjax/engine", "pdjax.runner"),     # the engine does not reach up into the runner
-], ids=["sim-no-engine", "engine-no-runner"])
+    ("pdjax/kv", "pdjax.scheduler"),      # the KV layer sits below the scheduler (DeviceError
+                                          # lives in pdjax/errors.py, below both)
+], ids=["sim-no-engine", "engine-no-runner", "kv-no-scheduler"])
 def test_a_layer_does_not_reach_up(package, banned):
   assert _offenders(_closure(_files(package)), banned) == []
 

@@ -228,10 +228,10 @@ def test_a_pull_whose_source_stopped_hits_its_deadline(ray_cluster, build, hf_ou
 
 def test_ray_result_keeps_device_errors_and_lets_bugs_through(ray_cluster):
   from pdjax.distributed.remote import ray_result
-  from pdjax.scheduler.errors import DeviceError, InstanceLost
+  from pdjax.errors import DeviceError, InstanceLost
 
   def _raise(kind: str):   # local: pickled by value (the workers cannot import tests/)
-    from pdjax.scheduler.errors import DeviceError
+    from pdjax.errors import DeviceError
     if kind == "device":
       raise DeviceError("JaxRuntimeError: INTERNAL: boom")
     raise ValueError("a bug in the actor")

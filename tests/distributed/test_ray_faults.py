@@ -23,7 +23,7 @@ from pdjax.faults.injector import FaultInjector
 from pdjax.faults.spec import FaultSpec
 from pdjax.models.llama_config import config_from_hf
 from pdjax.request import Request, SamplingParams, Status
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def _test_actor_class():
   import time as time_
   import numpy as np_
   from pdjax.distributed.actor import InstanceActor
-  from pdjax.scheduler.errors import DeviceError as DeviceError_
+  from pdjax.errors import DeviceError as DeviceError_
 
   class TestActor(InstanceActor):
 

@@ -16,7 +16,7 @@ from pdjax.models.llama_config import config_from_hf
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.runner import serve_requests as serving
 from pdjax.scheduler import policies as policy_lib
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from pdjax.kv.host_tier import HostTier
 from pdjax.kv.prefix_cache import flush_tenant, page_hashes
 from pdjax.kv.remote_store import CrossNodeLink, RemoteReload
 from pdjax.kv.seal import new_run_key
-from pdjax.scheduler.errors import HostTierLost, ReloadFailed, RemoteStoreLost
+from pdjax.errors import HostTierLost, ReloadFailed, RemoteStoreLost
 
 SALT = "tenant:a"
 X = list(range(100, 116))

@@ -16,7 +16,7 @@ from pdjax.engine.remesh import EngineRemeshBuilder
 from pdjax.request import Request, SamplingParams, Status
 from pdjax.runner.serve_requests import serve
 from pdjax.scheduler import policies as policy_lib
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 NAMES = dict(prefill_router="least_loaded", decode_router="least_loaded", path="always_disagg",
              admission="none", colocated_policy="prefill_first", role_switch="none")

@@ -10,7 +10,7 @@ from pdjax.kv.pages import BlockTables
 from pdjax.kv.transfer_result import TransferResult
 from pdjax.request import Request, SamplingParams
 from pdjax.scheduler.driver import DriverOptions
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 from pdjax.scheduler.instance_queue import InstanceQueue as _InstanceQueue
 
 PREFILL_S, DECODE_S = 0.1, 0.01

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pdjax.kv.seal import PageSealer, SealError, new_run_key
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 PAGE = np.arange(2 * 3 * 2 * 16 * 8, dtype=np.float32).reshape(2, 3, 2, 16, 8)
 

@@ -9,7 +9,7 @@ from conftest import tiny_engine_options
 from pdjax.engine import transfer
 from pdjax.engine.cluster import build_instances
 from pdjax.engine.instance import PendingTokens
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 
 def _lost(*_):

@@ -11,7 +11,7 @@ from pdjax.kv.transfer_result import TransferResult
 from pdjax.request import Status
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 
 def _disagg(transfer_fn, **opts):

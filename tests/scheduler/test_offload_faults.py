@@ -7,7 +7,7 @@ from pdjax.kv.host_tier import HostTier
 from pdjax.request import Status
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 
 from helpers.fake_engine import OPTS, FakeInstance, InstanceQueue, _req, ok_transfer
 

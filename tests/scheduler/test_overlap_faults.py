@@ -11,7 +11,7 @@ from helpers import fake_engine as fe
 from pdjax.request import Status
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
-from pdjax.scheduler.errors import DeviceError, StepNotRun
+from pdjax.errors import DeviceError, StepNotRun
 
 LAUNCH_FAILED = DeviceError("JaxRuntimeError: INTERNAL: launch failed")
 

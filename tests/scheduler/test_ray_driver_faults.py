@@ -14,7 +14,7 @@ from pdjax.faults.spec import FaultSpec
 from pdjax.request import Status
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
-from pdjax.scheduler.errors import DeviceError, InstanceLost
+from pdjax.errors import DeviceError, InstanceLost
 
 
 class _FailedStart:
@@ -153,7 +153,7 @@ def test_a_step_taking_the_tokens_of_a_step_that_failed_at_dispatch_is_not_run()
   """Step 1 fails at dispatch; step 2 was dispatched ahead on its tokens: it is not run and
   says so (StepNotRun, a DeviceError) instead of a ValueError nothing catches; so is step 3,
   dispatched ahead on step 2; step 4 (no device tokens) runs."""
-  from pdjax.scheduler.errors import StepNotRun
+  from pdjax.errors import StepNotRun
   actor = _actor(fail_at=1)
 
   async def steps():

@@ -8,7 +8,7 @@ from pdjax.request import Status
 from pdjax.scheduler import policies as policy_lib
 from pdjax.scheduler.clock import ManualClock
 from pdjax.scheduler.driver import Driver
-from pdjax.scheduler.errors import DeviceError
+from pdjax.errors import DeviceError
 from pdjax.scheduler.policies.remesh import parse_schedule, schedule_error
 from helpers.fake_engine import OPTS, FakeInstance, InstanceQueue, _req, ok_transfer
 

@@ -164,7 +164,7 @@ def test_a_streamed_transfer_failing_on_the_device_is_retried_then_falls_back(mo
   """The first request's streamed transfer raises DeviceError when it lands: with retries it
   moves whole and its tokens are the unstreamed run's; with none it is recomputed on the
   decode instance (the fallback recorded); the second request's stream lands either way."""
-  from pdjax.scheduler.errors import DeviceError
+  from pdjax.errors import DeviceError
   from pdjax.sim import stream_transfer
   real = stream_transfer.streamed_transfers
 
