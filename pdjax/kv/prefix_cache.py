@@ -71,6 +71,12 @@ def page_hashes(salt: str, token_ids, page_size: int, num_pages: int) -> list[by
   return out
 
 
+# Most prefixes whose hits a cache counts (it prunes to this many, the most hit, once it holds
+# twice as many): the hot-prefix report shows the top few; a long-lived server must not keep
+# one entry per distinct prompt it ever saw (issue 47, item 5).
+TRACKED_PREFIXES = 4096
+
+
 class PrefixCache:
 
   def __init__(self, allocator, page_size: int, *, capacity_pages: int = 0, ttl_s: float = 0.0,
@@ -143,6 +149,19 @@ class PrefixCache:
       name, salt = self._entry[pages[-1]]
       self.prefix_hits[(salt, name)] += 1
       self.prefix_pages[(salt, name)] = len(pages)
+      if len(self.prefix_hits) > 2 * TRACKED_PREFIXES:
+        self._prune_prefix_counts()
+
+  def _prune_prefix_counts(self) -> None:
+    """Keep the TRACKED_PREFIXES most-hit prefixes (ties: the deeper, then the name), so a
+    server that sees endless distinct prompts holds a bounded table. Amortised: it runs once
+    per TRACKED_PREFIXES new prefixes. A prefix dropped here and hit again later counts from
+    zero: the hot-prefix report (metrics/kv_cache.hot_prefixes) is exact for prefixes that
+    stay among the most hit, which are the ones it shows."""
+    keep = sorted(self.prefix_hits.items(),
+                  key=lambda kv: (-kv[1], -self.prefix_pages[kv[0]], kv[0]))[:TRACKED_PREFIXES]
+    self.prefix_hits = collections.Counter(dict(keep))
+    self.prefix_pages = {k: self.prefix_pages[k] for k, _ in keep}
 
   def insert(self, names: list[bytes], pages: list[int], salt: str, now: float) -> int:
     """Names computed full pages (the cache takes a reference); already-named content and

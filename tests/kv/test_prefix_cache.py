@@ -179,3 +179,29 @@ def test_a_tenant_flush_reaches_its_cache_salts_and_no_other_tenant():
     tier.offer(bytes([i]), salt, salt, None, writer="w", ready_s=0.0, now=0.0)
   assert flush_tenant([t], "a") == 4                 # 2 cached pages + 2 host pages
   assert t.cache.num_cached == 1 and len(tier) == 1 and bytes([2]) in tier
+
+
+def test_prefix_hit_counts_stay_bounded_and_keep_the_hottest(monkeypatch):
+  """Issue 47, item 5: a server that sees endless distinct prompts kept one prefix_hits entry
+  per prompt for ever. Now the table is pruned to the TRACKED_PREFIXES most hit, and those
+  keep their exact counts."""
+  from pdjax.kv import prefix_cache as prefix_cache_lib
+  monkeypatch.setattr(prefix_cache_lib, "TRACKED_PREFIXES", 4)
+  t = _tables(num_pages=128)                        # nothing is evicted
+  hot = list(range(500, 517))                       # one full page + 1
+  t.allocate_prefix("h0", hot, 18, "t1")
+  t.cache_computed("h0", 16)
+  t.free("h0", now=0.0)
+  for i in range(40):              # the hot prefix at i = 0, 13, 26, 39: 2 hits each
+    prompt = hot if i % 13 == 0 else list(range(1000 + 17 * i, 1017 + 17 * i))
+    t.allocate_prefix(f"r{i}", prompt, 18, "t1")
+    t.cache_computed(f"r{i}", 16)
+    t.free(f"r{i}", now=float(i + 1))
+    t.allocate_prefix(f"again{i}", prompt, 18, "t1")  # a hit on the prefix just named
+    t.free(f"again{i}", now=float(i + 1))
+    assert len(t.cache.prefix_hits) <= 8 and len(t.cache.prefix_pages) <= 8
+  hot_name = (("t1", page_hashes("t1", hot, 16, 1)[0]))
+  assert t.cache.prefix_hits[hot_name] == 4 * 2        # exact: never pruned
+  assert t.cache.prefix_pages[hot_name] == 1
+  assert set(t.cache.prefix_pages) == set(t.cache.prefix_hits)
+  t.check_invariants()
