@@ -228,8 +228,25 @@ def _check_launcher(cfg) -> None:
   timeout = c.get("pull_timeout_s", 30.0)
   _require(math.isfinite(timeout) and timeout > 0, "cluster.pull_timeout_s", timeout,
            "must be a finite number > 0")
+  timeout = c.get("collective_timeout_s", 120.0)
+  _require(math.isfinite(timeout) and timeout > 0, "cluster.collective_timeout_s", timeout,
+           "must be a finite number > 0")
   _require(bool(str(c.get("transfer_host", "127.0.0.1")).strip()), "cluster.transfer_host",
            c.get("transfer_host"), "must name an address to listen on")
+
+
+def _check_hosts(cfg, role: str) -> None:
+  """cluster.<role>.hosts: an instance over that many processes (multi-controller JAX), each
+  owning tp / hosts devices; the engine runs them under the Ray launcher only."""
+  tier = cfg.cluster[role]
+  hosts = tier.get("hosts", 1)
+  _require(type(hosts) is int and hosts >= 1, f"cluster.{role}.hosts", hosts,
+           "must be an integer >= 1")
+  _require(tier.tp % hosts == 0, f"cluster.{role}.hosts", hosts,
+           f"does not divide cluster.{role}.tp={tier.tp} (each host owns tp / hosts devices)")
+  if hosts > 1 and cfg.backend == "jax":
+    _require(launcher(cfg) == "ray", f"cluster.{role}.hosts", hosts,
+             "needs cluster.launcher='ray' (one process per host)")
 
 
 def _check_buckets(key: str, buckets) -> None:
@@ -337,6 +354,7 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
                f"does not divide the model's {what}={n}")
     _require(layout != "unrolled" or tier.tp == 1, f"cluster.{role}.tp", tier.tp,
              "must be 1 with model.param_layout='unrolled'")
+    _check_hosts(cfg, role)
   _check_launcher(cfg)
   error = remesh_error(cfg, mcfg)
   if error:

@@ -40,12 +40,15 @@ def get_config(arg=None):
                                            # stacked) | stacked | unrolled: docs/guide.md
 
   c.cluster = ml_collections.ConfigDict()
-  c.cluster.prefill = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))
-  c.cluster.decode = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0))
-  c.cluster.colocated = ml_collections.ConfigDict(dict(instances=4, tp=2, kv_pages=0))
+  c.cluster.prefill = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0, hosts=1))
+  c.cluster.decode = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0, hosts=1))
+  c.cluster.colocated = ml_collections.ConfigDict(dict(instances=4, tp=2, kv_pages=0, hosts=1))
   # instances: how many instances this tier runs
   # tp: devices per instance (tensor parallelism)
   # kv_pages: this tier's KV pool per instance; 0 = kv.pages_per_instance
+  # hosts: processes (hosts) one instance spans, each owning tp / hosts devices, as one
+  #   multi-controller JAX group (ray launcher; the simulator prices TP collectives that cross
+  #   hosts on the inter-host link): docs/guide.md "On a TPU pod or several GPU nodes"
   c.cluster.launcher = "local"             # local (one process) | ray (a process per instance)
   c.cluster.ray_address = ""               # ray: "" = start a local Ray; else join this cluster
   c.cluster.ray_accelerator = "auto"       # ray: devices per actor: auto (the driver's backend)
@@ -53,6 +56,9 @@ def get_config(arg=None):
   c.cluster.transfer_host = "127.0.0.1"    # ray: where the KV transfer servers listen
                                            #   ("node": each actor's node address, multi-host)
   c.cluster.pull_timeout_s = 30.0          # ray: a KV pull not done by then fails (recovery)
+  c.cluster.collective_timeout_s = 120.0   # ray, hosts > 1: a step or transfer of a multi-host
+                                           #   instance not done by then (a collective that
+                                           #   never returns) marks the instance dead
   c.cluster.nodes = 1                      # nodes the instances fill in order (prefill, then
                                            #   decode): KV between nodes crosses kv.cross_node_gbps
                                            #   (ray: one Ray node each; sim: modelled)

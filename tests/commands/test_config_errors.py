@@ -52,6 +52,16 @@ CASES = [
      "process), got 'sim'"),
     (["--config.cluster.launcher=ray", "--config.cluster.pull_timeout_s=0"],
      "config error: cluster.pull_timeout_s=0.0 must be a finite number > 0"),
+    (["--config.cluster.launcher=ray", "--config.cluster.collective_timeout_s=-1"],
+     "config error: cluster.collective_timeout_s=-1.0 must be a finite number > 0"),
+    (["--config.cluster.prefill.tp=4", "--config.cluster.prefill.hosts=3"],
+     "config error: cluster.prefill.hosts=3 does not divide cluster.prefill.tp=4 (each host "
+     "owns tp / hosts devices)"),
+    (["--config.cluster.decode.hosts=0"],
+     "config error: cluster.decode.hosts=0 must be an integer >= 1"),
+    (["--config.cluster.colocated.hosts=2"],
+     "config error: cluster.colocated.hosts=2 needs cluster.launcher='ray' (one process per "
+     "host)"),
     (["--config.cluster.launcher=ray", "--config.cluster.ray_accelerator=npu"],
      "config error: cluster.ray_accelerator='npu' is not one of ['auto', 'cpu', 'gpu', 'tpu']"),
     (["--config.scheduler.role_switch=remesh", "--config.scheduler.remesh_schedule=decode:1x2@1"],
