@@ -47,7 +47,7 @@ from pdjax.engine.cluster import enable_compile_cache, host_params
 from pdjax.engine.instance import Instance
 from pdjax.engine.options import EngineOptions
 from pdjax.distributed.node_store import STORE_TIMEOUT_S, fetch_pages
-from pdjax.distributed.sealed_kv import SealedActorMixin, open_each
+from pdjax.distributed.sealed_kv import SealedActorMixin, open_each, sealer_of
 from pdjax.engine.runtime import device_errors
 from pdjax.kv.remote_store import RemotePagesUnread
 from pdjax.models.llama_config import LlamaConfig
@@ -105,6 +105,8 @@ class InstanceActor(SealedActorMixin):
     self._turn: asyncio.Condition | None = None
     self._last: tuple[int, object] | None = None   # (seq, PendingTokens) last dispatched
     self._copies = None             # HostCopies, once the node's KV store is used
+    self.node = spec.node
+    self._sealer = None             # its PageSealer for the run key (sealed_kv.sealer_of)
 
   async def describe(self) -> dict:
     return {"address": self.server.address(), "pid": os.getpid(),
@@ -145,13 +147,16 @@ class InstanceActor(SealedActorMixin):
       self._copies = HostCopies(self.inst)
     return self._copies
 
-  async def offload(self, pages: list[int], names: list[bytes], store) -> int:
+  async def offload(self, pages: list[int], names: list[bytes], store,
+                    seal_key: bytes | None = None) -> int:
     """Copies these pool pages to the node's KV store under their names (device -> this
-    process's host memory -> the store); returns their bytes once the store has them."""
+    process's host memory -> the store), each sealed under its name first when seal_key is
+    set (the store then holds no plaintext: `store_items`); returns their bytes once the
+    store has them."""
     import ray
-    arrays = self._host_copies().gather_to_host(pages)
+    items = self.store_items(names, self._host_copies().gather_to_host(pages), seal_key)
     try:
-      return await store.put.remote(dict(zip(names, arrays)))
+      return await store.put.remote(items)
     except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
       raise HostTierLost(f"the node KV store is gone: {type(e).__name__}") from None
 
@@ -159,24 +164,24 @@ class InstanceActor(SealedActorMixin):
                     seal_key: bytes | None = None) -> None:
     """Writes host pages from the stores into the pool (before the step that reads them):
     loads [(page, name)] from this node's store, remote_loads [(page, name, node)] from
-    stores[node] (another node's; sealed there and opened here when seal_key is set). A store
-    that is gone, or does not answer within STORE_TIMEOUT_S, fails the step with HostTierLost
-    (this node's) or RemoteStoreLost (another's): that tier is lost."""
-    pages, arrays = [], []
+    stores[node] (another node's). When seal_key is set the stores hold sealed pages, opened
+    here (`_read_sealed`). A store that is gone, or does not answer within STORE_TIMEOUT_S,
+    fails the step with HostTierLost (this node's) or RemoteStoreLost (another's): that tier
+    is lost."""
+    reads = []                       # (node, its store, [(page, name)], lost)
     if loads:
-      arrays += await _from_store(store.get.remote([name for _, name in loads]), HostTierLost(
-          "the node KV store is gone"))
-      pages += [page for page, _ in loads]
+      reads.append((self.node, store, list(loads), HostTierLost("the node KV store is gone")))
     for node in sorted({n for _, _, n in remote_loads}):
-      these = [(page, name) for page, name, n in remote_loads if n == node]
+      reads.append((node, stores[node], [(p, x) for p, x, n in remote_loads if n == node],
+                    RemoteStoreLost(f"the KV store of node {node} is gone", node)))
+    pages, arrays = [], []
+    for node, from_store, these, lost in reads:
       names = [name for _, name in these]
-      lost = RemoteStoreLost(f"the KV store of node {node} is gone", node)
       if seal_key is None:
-        got = await _from_store(stores[node].get.remote(names), lost)
+        arrays += await _from_store(from_store.get.remote(names), lost)
       else:
-        got = await _read_sealed(stores[node], node, names, seal_key, lost)
+        arrays += await _read_sealed(from_store, node, names, sealer_of(self, seal_key), lost)
       pages += [page for page, _ in these]
-      arrays += got
     self._host_copies().scatter_from_host(pages, arrays)
 
   async def step(self, seq: int, kind: str, seqs: list, prev_seq: int | None,
@@ -330,25 +335,25 @@ class InstanceActor(SealedActorMixin):
     return {"bytes": sum(int(a.nbytes) for a in arrays), "seconds": time.perf_counter() - start}
 
 
-async def _from_store(call, lost: Exception, fetch: bool = True) -> list:
-  """A store call's pages (arrays: large pages' objects fetched); `lost` (its message, with
-  why) when the store is gone or does not answer within STORE_TIMEOUT_S."""
+async def _from_store(call, lost: Exception) -> list:
+  """A store call's pages (large pages' objects fetched); `lost` (its message, with why) when
+  the store is gone or does not answer within STORE_TIMEOUT_S."""
   import ray
   try:
-    got = await asyncio.wait_for(call, STORE_TIMEOUT_S)
-    return await fetch_pages(got) if fetch else got
+    return await fetch_pages(await asyncio.wait_for(call, STORE_TIMEOUT_S))
   except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
           asyncio.TimeoutError) as e:
     raise type(lost)(f"{lost}: {type(e).__name__}", *lost.args[1:]) from None
 
 
-async def _read_sealed(store, node: int, names: list[bytes], key: bytes, lost) -> list:
-  """Another node's pages, sealed by its store and opened here. A read whose pages do not all
-  open is read once more (a piece corrupted on its way); when some fail again, the reload
-  fails with RemotePagesUnread naming them (that node's tier forgets them, not itself)."""
+async def _read_sealed(store, node: int, names: list[bytes], opener, lost) -> list:
+  """Node `node`'s pages (this one's or another's), sealed by their writer, opened here. A
+  read whose pages do not all open is read once more (a piece corrupted on its way); when
+  some fail again, the reload fails with RemotePagesUnread naming them (that node's tier
+  forgets them, and nothing else)."""
   for _ in range(2):
-    pieces = await _from_store(store.get_sealed.remote(names, key), lost, fetch=False)
-    arrays, bad = open_each(key, names, pieces)
+    pieces = await _from_store(store.get.remote(names), lost)
+    arrays, bad = open_each(opener, names, pieces)
     if not bad:
       return arrays
   raise RemotePagesUnread(f"node {node}'s KV store served pages that did not open, twice: "

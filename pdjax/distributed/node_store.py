@@ -1,8 +1,14 @@
 """A node's KV store under the Ray launcher (issue 32): the bytes of the host tier's pages, in
 one actor per node that every instance process of the node writes to and reads from. The
 tier's bookkeeping (names, salts, landing, admission, eviction, tenants) stays in the driver's
-`HostTier`; the store only holds `name -> page` arrays ([2, layers, kv_heads, page_size,
-head_dim], host memory) and drops what the tier forgets.
+`HostTier`; the store only holds `name -> page` ([2, layers, kv_heads, page_size, head_dim]
+arrays, host memory) and drops what the tier forgets.
+
+Sealed at rest (kv.seal_cross_node): when the run has a seal key, the instance that writes a
+page seals it under its name first (distributed/sealed_kv.py), so the store holds SealedPages
+only, never a plaintext page and never the key; every reader, on its node or another, opens
+what it reads (actor.py's `_read_sealed`). Neither the store's memory nor an object of it that
+Ray spills to disk holds KV in the clear. Without a key the store holds the arrays.
 
 An actor rather than pages in Ray's object store: measured on the 2-core CPU
 (benchmarks/kv_store_ray.py, BENCHMARKS.md), writing 64 pages of 2 MiB took 0.49 s through the
@@ -16,7 +22,8 @@ Large pages (>= LARGE_PAGE_BYTES) are kept as objects the store itself `ray.put`
 them: they die with it) and handed out as refs, which the reader fetches from the object
 store: measured idle, 64 pages of 2 MiB read in 8.7 ms that way against 71 ms returned by the
 actor, written in 129 against 71 ms; 256 pages of 16 KiB would write 20x slower as objects,
-so small pages stay in the actor. `get` returns arrays and refs mixed (`fetch_pages`).
+so small pages stay in the actor (a sealed page counts its ciphertext's bytes). `get` returns
+pages and refs mixed (`fetch_pages`).
 """
 
 from __future__ import annotations
@@ -31,37 +38,37 @@ STORE_TIMEOUT_S = 120.0   # the longest an instance or the driver waits for a st
 class NodeStore:
 
   def __init__(self, large_page_bytes: int = LARGE_PAGE_BYTES):
-    self.pages: dict[bytes, object] = {}   # name -> array, or the ref of its object
+    self.pages: dict[bytes, object] = {}   # name -> page (array or SealedPage), or the ref
+                                           # of its object
     self.large_page_bytes = large_page_bytes
     self._tampered_reads = 0               # (tamper_sealed_reads)
 
   def put(self, items: dict) -> int:
-    """Stores pages by name; returns their bytes."""
+    """Stores pages (arrays, or SealedPages when the run seals) by name; returns their
+    bytes."""
     import ray
     self.pages.update({n: ray.put(a) if a.nbytes >= self.large_page_bytes else a
                        for n, a in items.items()})
     return sum(int(a.nbytes) for a in items.values())
 
   def get(self, names: list[bytes]) -> list:
-    """The pages: arrays, or refs of large pages' objects (`fetch_pages` resolves both)."""
-    return [self.pages[n] for n in names]
-
-  def _arrays(self, names: list[bytes]) -> list:
-    import ray
-    pages = [self.pages[n] for n in names]
-    refs = [p for p in pages if isinstance(p, ray.ObjectRef)]
-    got = dict(zip(map(id, refs), ray.get(refs))) if refs else {}
-    return [got.get(id(p), p) for p in pages]
-
-  def get_sealed(self, names: list[bytes], key: bytes) -> list:
-    """The pages sealed under their names (kv.seal_cross_node: a read from another node)."""
-    from pdjax.distributed.sealed_kv import seal_pages
-    tamper, self._tampered_reads = self._tampered_reads > 0, max(self._tampered_reads - 1, 0)
-    return seal_pages(key, names, self._arrays(names), tamper)
+    """The pages as stored: arrays or SealedPages, or refs of large pages' objects
+    (`fetch_pages` resolves them). A read under `tamper_sealed_reads` has its first piece
+    tampered (and handed out inline)."""
+    got = [self.pages[n] for n in names]
+    if self._tampered_reads > 0 and got:
+      import ray
+      from pdjax.distributed.sealed_kv import tampered
+      from pdjax.kv.seal import SealedPage
+      first = ray.get(got[0]) if isinstance(got[0], ray.ObjectRef) else got[0]
+      if isinstance(first, SealedPage):
+        self._tampered_reads -= 1
+        got[0] = tampered(first)
+    return got
 
   def tamper_sealed_reads(self, n: int) -> None:
-    """Fault injection: the next n sealed reads flip a byte of their first piece (a read
-    corrupted on its way, as faults.tamper_prob does to P -> D pieces)."""
+    """Fault injection: the next n reads of sealed pages flip a byte of their first piece (a
+    read corrupted on its way, as faults.tamper_prob does to P -> D pieces)."""
     self._tampered_reads = n
 
   def drop(self, names: list[bytes]) -> int:
@@ -77,7 +84,8 @@ class NodeStore:
 
 
 async def fetch_pages(got: list) -> list:
-  """A store's `get` result as arrays: large pages' objects fetched from the object store."""
+  """A store's `get` result as pages (arrays or SealedPages): large pages' objects fetched
+  from the object store."""
   import ray
   refs = [g for g in got if isinstance(g, ray.ObjectRef)]
   if not refs:

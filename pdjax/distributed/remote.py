@@ -14,7 +14,9 @@ the actor is a bug and propagates as Ray raised it. The driver waits for the nod
 
 Host pages a step reloads stay pinned in their tiers (HostTier.pin) until the step's result
 is in, or the instance is killed: the actor reads them from the store when the step runs, after
-the driver may have planned more (whose offloads could otherwise evict them).
+the driver may have planned more (whose offloads could otherwise evict them). Under
+kv.seal_cross_node the run's `seal_key` goes with every offload and step: the actor seals what
+it writes to a store and opens what it reads from one (sealed_kv.py).
 
 The transfer function of a Ray run (`RayTransfer`, actor to actor) is in ray_transfer.py;
 RemoteInstance keeps its destination side's pull epochs.
@@ -81,11 +83,11 @@ class RemotePending:
       self._instance.lose_host_tier()
       raise
     except RemoteStoreLost as e:     # (another node's store: its tier, for every instance)
-      for tier in self._peers(e.node):
+      for tier in self._tiers(e.node):
         tier.lose()
       raise
-    except RemotePagesUnread as e:   # (pages of another node's that did not open: forgotten)
-      for tier in self._peers(e.node):
+    except RemotePagesUnread as e:   # (sealed pages of a node's that did not open: forgotten)
+      for tier in self._tiers(e.node):
         tier.discard(e.names)
       raise
     finally:
@@ -95,8 +97,12 @@ class RemotePending:
     self._instance.counters = {k: out[k] for k in COUNTERS}
     return out["tokens"]
 
-  def _peers(self, node: int) -> list:
-    return [t for t in self._instance.tables.remote.peers if t.node == node and not t.lost]
+  def _tiers(self, node: int) -> list:
+    """The live tier of `node` this instance reads: its own node's, or another's."""
+    host, remote = self._instance.tables.host, self._instance.tables.remote
+    tiers = [host] if host is not None and host.node == node else [
+        t for t in (remote.peers if remote is not None else ()) if t.node == node]
+    return [t for t in tiers if not t.lost]
 
 
 COUNTERS = ("compiles", "compiles_from_cache", "lazy_compiles", "lazy_compile_s")
@@ -128,7 +134,8 @@ class RemoteInstance:
     self.node = spec.node            # the run's node its actor is placed on
     self.store_of = None             # the launcher's node KV stores (a callable: node ->
     self.store = None                # store), for the host tier: its node's once attached
-    self.seal_key = None             # the run's key when KV leaving a node is sealed
+    self.seal_key = None             # the run's key when KV is sealed (kv.seal_cross_node:
+                                     # P -> D between nodes, every node store's pages)
     self._offloads: list[tuple[int, bytes]] = []   # evicted pages to copy out before the
                                                    # actor's pool is written again
     self._reads: dict[int, object] = {}   # step seq -> the release of the host pages it reads
@@ -205,7 +212,7 @@ class RemoteInstance:
       return
     names, pages = list(wanted), list(wanted.values())
     try:
-      ray_result(self.actor.offload.remote(pages, names, self.store), self.name,
+      ray_result(self.actor.offload.remote(pages, names, self.store, self.seal_key), self.name,
                  self.store_timeout_s)
     except (HostTierLost, ray.exceptions.GetTimeoutError):
       self.lose_host_tier()
@@ -289,10 +296,9 @@ class RemoteInstance:
       loads, self._reads[seq] = self.tables.take_loads_held()   # (released by its result)
       local = tuple((p, x) for p, x in loads if not isinstance(x, RemotePage))
       remote = tuple((p, x.payload, x.node) for p, x in loads if isinstance(x, RemotePage))
-      offers.update(loads=local, store=self.store)
-      if remote:   # (from other nodes' stores: kv.remote_store, sealed under kv.seal_cross_node)
-        offers.update(remote_loads=remote, seal_key=self.seal_key,
-                      stores={n: self.store_of(n) for _, _, n in remote})
+      offers.update(loads=local, store=self.store, seal_key=self.seal_key)   # (sealed: opened)
+      if remote:   # (from other nodes' stores: kv.remote_store)
+        offers.update(remote_loads=remote, stores={n: self.store_of(n) for _, _, n in remote})
         self.host_stats["remote_load_pages"] += len(remote)
       self.host_stats["load_pages"] += len(loads)
     ref = self.actor.step.remote(seq, kind, seqs, None if prev is None else prev.seq,

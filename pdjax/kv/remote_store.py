@@ -7,9 +7,10 @@ node holding about as many: one prefill and one decode instance on two nodes are
 a P/D deployment with a node per role. Every node has its own host tier (its own store under
 Ray). An instance reads its own node's tier first; what its tier lacks of a prefix may come
 from another node's tier (`RemoteReload`), over the cross-node link (`kv.cross_node_gbps`,
-after a round trip of `kv.cross_node_latency_s`), sealed (`kv.seal_cross_node`: each page's
-bytes are sealed once and opened once more, in host memory). It is taken only when round
-trip + bytes / link (+ sealing) < the prefill time it saves (the instance's cost model): a
+after a round trip of `kv.cross_node_latency_s`), opened by the reader under
+`kv.seal_cross_node` (the stores hold pages sealed when they were written: the writer paid the
+seal then). It is taken only when round trip + bytes / link (+ opening) < the prefill time it
+saves (the instance's cost model): a
 reload is a bet on the link, and a slow link or a cheap prefill loses it. Measured on this
 machine (benchmarks/kv_cross_node.py, BENCHMARKS.md): a 48-token reload between two Ray
 nodes saved 2 ms of TTFT on the tiny model where the calibrated CPU profile predicts 25 ms:
@@ -19,10 +20,10 @@ Pages reloaded from another node are pending loads wrapped in `RemotePage` (the 
 come from): the simulator times them on the link, the Ray launcher reads them from that node's
 store. The reading tier counts them (`remote_hit_pages`, `remote_declined_pages`).
 
-A sealed page from another node's store that does not open is read once more (a piece
-corrupted on its way); when it fails again the reload fails (`RemotePagesUnread`: its prompts
-are computed again) and that node's tier forgets those pages only (HostTier.discard): one
-corrupt read costs that reload, not the node's tier.
+A sealed page from a node's store (another node's, or the reader's own) that does not open is
+read once more (a piece corrupted on its way); when it fails again the reload fails
+(`RemotePagesUnread`: its prompts are computed again) and that node's tier forgets those pages
+only (HostTier.discard): one corrupt read costs that reload, not the node's tier.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from pdjax.errors import ReloadFailed
 
 
 class RemotePagesUnread(ReloadFailed):
-  """Pages another node's store served sealed that did not open, twice: the step did not run
-  (its prompts start over) and that node's tier forgets them (`names`). args: (message, node,
-  names), so Ray rebuilds it in the driver."""
+  """Pages a node's store (another's, or the reader's own) served sealed that did not open,
+  twice: the step did not run (its prompts start over) and that node's tier forgets them
+  (`names`). args: (message, node, names), so Ray rebuilds it in the driver."""
 
   def __init__(self, message: str, node: int = 0, names=()):
     super().__init__(message, node, list(names))
@@ -62,10 +63,11 @@ class RemotePage:
 
 @dataclasses.dataclass(frozen=True)
 class CrossNodeLink:
-  """The link between nodes (kv.cross_node_gbps) and, when KV that leaves a node is sealed
-  (kv.seal_cross_node), the sealing rate (kv.seal_gbps; 0: not sealed): each byte is sealed
-  once on its node and opened once on the other, in host memory, so a sealed transfer also
-  copies its bytes device -> host and host -> device (host_bytes_per_s: the host link)."""
+  """The link between nodes (kv.cross_node_gbps) and, when KV is sealed (kv.seal_cross_node),
+  the sealing rate (kv.seal_gbps; 0: not sealed), one pass (a seal or an open) in host memory.
+  A sealed P -> D transfer is sealed on its node and opened on the other, so it also copies its
+  bytes device -> host and host -> device (host_bytes_per_s: the host link). A node store's
+  pages are sealed once, when written, and opened by each reload."""
   bytes_per_s: float
   seal_bytes_per_s: float = 0.0
   latency_s: float = 0.0       # per reload: the round trip to the other node's store
@@ -75,12 +77,20 @@ class CrossNodeLink:
   def sealed(self) -> bool:
     return self.seal_bytes_per_s > 0
 
+  def seal_s(self, nbytes: float) -> float:
+    """Sealing (or opening) nbytes in host memory; 0 when not sealed."""
+    return nbytes / self.seal_bytes_per_s if self.sealed else 0.0
+
   def seconds(self, nbytes: float) -> float:
-    """A transfer's bytes over the link, sealed and opened (and copied through host memory)
-    when sealing is on."""
-    seal = (2 * nbytes / self.seal_bytes_per_s + 2 * nbytes / self.host_bytes_per_s
-            if self.sealed else 0.0)
-    return nbytes / self.bytes_per_s + seal
+    """A P -> D transfer's bytes over the link, sealed and opened (and copied through host
+    memory) when sealing is on."""
+    host = 2 * nbytes / self.host_bytes_per_s if self.sealed else 0.0
+    return nbytes / self.bytes_per_s + 2 * self.seal_s(nbytes) + host
+
+  def reload_seconds(self, nbytes: float) -> float:
+    """A reload's bytes from another node's store (host memory to host memory) over the
+    link, opened when sealing is on (sealed when written: the writer's offload paid that)."""
+    return nbytes / self.bytes_per_s + self.seal_s(nbytes)
 
   @classmethod
   def from_config(cls, kv, host_bytes_per_s: float = float("inf")) -> "CrossNodeLink":
@@ -103,9 +113,9 @@ class RemoteReload:
     self.page_bytes, self.page_size, self.link = page_bytes, page_size, link
 
   def reload_s(self, pages: int) -> float:
-    """Predicted seconds to bring `pages` over: the store's round trip, the link, and
-    sealing plus opening."""
-    return self.link.latency_s + self.link.seconds(pages * self.page_bytes)
+    """Predicted seconds to bring `pages` over: the store's round trip, the link, and opening
+    (`CrossNodeLink.reload_seconds`)."""
+    return self.link.latency_s + self.link.reload_seconds(pages * self.page_bytes)
 
   def find(self, names: list[bytes], salt: str, now: float):
     """(the peer tier holding the longest landed prefix of names under salt, its length);

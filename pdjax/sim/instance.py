@@ -82,16 +82,22 @@ class SimInstance:
     self.host_bytes_per_s, self.handoff = host_bytes_per_s, handoff
     self.tables.attach_host(tier, self._offload, self.role == "decode")
     recompute_s = self.cost.prefill_s([(self.tables.page_size, 0)])
-    self.host_page_weight = max(0.0, 1.0 - self._host_copy_s(1) / recompute_s)
+    reload_s = self._host_copy_s(1) + self._seal_s(1)
+    self.host_page_weight = max(0.0, 1.0 - reload_s / recompute_s)
 
   def _host_copy_s(self, num_pages: int) -> float:
     return (self.kv_bytes(num_pages) / self.host_bytes_per_s
             + getattr(self.cost, "link_latency_s", HOST_LATENCY_S))
 
+  def _seal_s(self, num_pages: int) -> float:
+    """Sealing (or opening) pages in host memory: under kv.seal_cross_node a node's store
+    holds sealed pages (distributed/sealed_kv.py), sealed by the offload, opened by a reload."""
+    return 0.0 if self.node_link is None else self.node_link.seal_s(self.kv_bytes(num_pages))
+
   def _offload(self, page: int, name: bytes, salt: str) -> None:
     now = self.clock.now()
     if self.tables.host.offer(name, salt, salt, self.digests[page], writer=self.name,
-                              ready_s=now + self._host_copy_s(1), now=now):
+                              ready_s=now + self._host_copy_s(1) + self._seal_s(1), now=now):
       self.host_stats["offload_pages"] += 1
 
   def _land_host_pages(self) -> float:
@@ -104,8 +110,8 @@ class SimInstance:
       if isinstance(digest, RemotePage):   # from another node's tier, over the link first
         digest, remote = digest.payload, remote + 1
       self.digests[page] = digest
-    seconds = self._host_copy_s(len(loads))
-    if remote:
+    seconds = self._host_copy_s(len(loads)) + self._seal_s(len(loads) - remote)   # (opened)
+    if remote:                     # (the link, and opening: RemoteReload.reload_s)
       seconds += self.tables.remote.reload_s(remote)
       self.host_stats["remote_load_pages"] += remote
     self.host_stats["load_pages"] += len(loads)

@@ -108,15 +108,16 @@ def test_a_flush_reaches_the_pool_and_the_store(tmp_path, ray_cluster, monkeypat
 def test_the_store_keeps_large_pages_as_its_own_objects(ray_cluster):
   """Pages of at least large_page_bytes are put into Ray's object store by the store (refs
   handed out, fetched by the reader: fetch_pages); smaller ones stay in the actor; both come
-  back equal, sealed or not, and a dropped page's object is let go."""
+  back equal, sealed (by the writer: the store holds SealedPages, a large one's object too)
+  or not, and a dropped page's object is let go."""
   import asyncio
 
   import numpy as np
   import ray
 
   from pdjax.distributed.node_store import NodeStore, fetch_pages
-  from pdjax.distributed.sealed_kv import open_pages
-  from pdjax.kv.seal import new_run_key
+  from pdjax.distributed.sealed_kv import open_pages, seal_pages
+  from pdjax.kv.seal import PageSealer, SealedPage, SealError, new_run_key
   store = ray.remote(NodeStore).remote(large_page_bytes=1024)
   big, small = np.arange(512, dtype=np.float32), np.arange(16, dtype=np.float32)
   assert ray.get(store.put.remote({b"big": big, b"small": small})) == 2048 + 64
@@ -124,9 +125,22 @@ def test_the_store_keeps_large_pages_as_its_own_objects(ray_cluster):
   assert [type(g).__name__ for g in got] == ["ObjectRef", "ndarray"]
   arrays = asyncio.run(fetch_pages(got))
   assert np.array_equal(arrays[0], big) and np.array_equal(arrays[1], small)
-  key = new_run_key()
-  opened = open_pages(key, [b"big", b"small"],
-                      ray.get(store.get_sealed.remote([b"big", b"small"], key)))
+  sealer = PageSealer(new_run_key())
+  names = [b"sealed-big", b"sealed-small"]
+  assert ray.get(store.put.remote(dict(zip(names, seal_pages(sealer, names, [big, small]))))
+                 ) == 2048 + 16 + 64 + 16
+  got = ray.get(store.get.remote(names))
+  assert [type(g).__name__ for g in got] == ["ObjectRef", "SealedPage"]
+  pieces = asyncio.run(fetch_pages(got))
+  assert all(isinstance(p, SealedPage) for p in pieces)
+  opened = open_pages(sealer, names, pieces)
   assert np.array_equal(opened[0], big) and np.array_equal(opened[1], small)
-  assert ray.get(store.drop.remote([b"big"])) == 1 and ray.get(store.held.remote()) == 1
+  ray.get(store.tamper_sealed_reads.remote(1))   # (the next read's first piece: inline)
+  got = ray.get(store.get.remote(names))
+  assert [type(g).__name__ for g in got] == ["SealedPage", "SealedPage"]
+  with pytest.raises(SealError, match=r"^sealed KV page 7365616c6564 did not open"):
+    open_pages(sealer, names, got)
+  assert len(open_pages(sealer, names, asyncio.run(fetch_pages(
+      ray.get(store.get.remote(names)))))) == 2
+  assert ray.get(store.drop.remote([b"big"])) == 1 and ray.get(store.held.remote()) == 3
   ray.kill(store)

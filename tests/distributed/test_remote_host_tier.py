@@ -1,16 +1,17 @@
-"""Issue 47 items 1, 3 and 4 on the driver's side of the Ray launcher's host tier: a
-RemoteInstance over fakes of its actor and of the node stores (tests/helpers/fake_ray_store.py:
-a store call runs when sent, a step's reloads read the store when the step is collected,
-through the real InstanceActor._reload). No Ray cluster; the Ray runs are
-test_ray_host_tier_hardening.py.
+"""Issue 47 items 1, 3, 4 and 6 (sealing at rest) on the driver's side of the Ray launcher's
+host tier: a RemoteInstance over fakes of its actor and of the node stores
+(tests/helpers/fake_ray_store.py: a store call runs when sent, a step's reloads read the store
+when the step is collected, through the real InstanceActor._reload). No Ray cluster; the Ray
+runs are test_ray_host_tier_hardening.py.
 
 The pool: 16 pages of 4 tokens. `_filled`: the node's tier (8 pages) holds X's 4 pages and
 Y's 4, written and landed; Z's 5 pages are idle on the device."""
 
+import pickle
+import types
+
 import numpy as np
 import pytest
-
-import types
 
 import pdjax.distributed.actor as actor_mod
 import pdjax.distributed.remote as remote_mod
@@ -18,7 +19,7 @@ from helpers.fake_ray_store import FakeRay, FakeStore, Wedged, page_bytes, remot
 from pdjax.kv.host_tier import HostTier
 from pdjax.kv.prefix_cache import flush_tenant, page_hashes
 from pdjax.kv.remote_store import CrossNodeLink, RemoteReload
-from pdjax.kv.seal import new_run_key
+from pdjax.kv.seal import SealedPage, new_run_key
 from pdjax.errors import HostTierLost, ReloadFailed, RemoteStoreLost
 
 SALT = "tenant:a"
@@ -40,13 +41,13 @@ def _cache(tables, seq, tokens, now):
   tables.free(seq, now)
 
 
-def _node(tier_pages=8):
-  tier, stores = HostTier(tier_pages), {0: FakeStore()}
-  return remote_instance(tier, stores), tier, stores[0]
+def _node(tier_pages=8, seal_key=None, node=0):
+  tier, stores = HostTier(tier_pages, node=node), {node: FakeStore()}
+  return (remote_instance(tier, stores, node=node, seal_key=seal_key), tier, stores[node])
 
 
-def _filled():
-  inst, tier, store = _node()
+def _filled(seal_key=None, node=0):
+  inst, tier, store = _node(seal_key=seal_key, node=node)
   _cache(inst.tables, "x", X + [1], 0.0)
   _cache(inst.tables, "y", Y + [1], 1.0)
   inst.tables.allocate("fill", 16 * 4)   # X's and Y's pages evicted: offered, in flight
@@ -121,21 +122,22 @@ def test_a_reload_from_a_store_that_does_not_answer_fails_its_step(fake_ray, mon
 
 
 def _two_nodes(tampered: int):
-  """Node 0's tier and store hold X's 4 pages; an instance on node 1 (its own tier empty)
-  plans r's reload of them from node 0's store, sealed; that store flips a byte of the first
-  piece of its next `tampered` sealed reads."""
+  """Node 0's tier and store hold X's 4 pages, sealed by its instance; an instance on node 1
+  (its own tier empty) plans r's reload of them from node 0's store; that store flips a byte
+  of the first piece of its next `tampered` reads."""
+  key = new_run_key()
   tiers, stores = [HostTier(8, node=0), HostTier(8, node=1)], {0: FakeStore(), 1: FakeStore()}
-  remote_instance(tiers[0], stores, node=0, name="colocated-0")   # (node 0's store drops)
-  inst = remote_instance(tiers[1], stores, node=1, name="colocated-1")
-  inst.seal_key = new_run_key()
+  writer = remote_instance(tiers[0], stores, node=0, name="colocated-0", seal_key=key)
+  inst = remote_instance(tiers[1], stores, node=1, name="colocated-1", seal_key=key)
   inst.tables.remote = RemoteReload([tiers[0]], page_bytes=1, page_size=4,
                                     recompute_s=lambda chunks: sum(q for q, _ in chunks),
                                     link=CrossNodeLink(1e9))
   names = page_hashes(SALT, X, 4, 4)
   for n in names:
     tiers[0].offer(n, SALT, SALT, n, writer="colocated-0", ready_s=0.0, now=0.0)
-  stores[0].put.remote({n: page_bytes(n) for n in names})
-  stores[0].tamper_reads = tampered
+  stores[0].put.remote(writer.actor.actor.store_items(names, [page_bytes(n) for n in names],
+                                                      key))
+  stores[0].tamper_sealed_reads.remote(tampered)
   assert inst.tables.allocate_prefix("r", X + [7], 17, SALT, now=1.0) == 16
   return inst, tiers, stores, names
 
@@ -146,7 +148,7 @@ def test_a_sealed_page_that_did_not_open_once_is_read_again(fake_ray):
   (pages, arrays), = inst.actor.scatters
   assert pages == [0, 1, 2, 3]
   assert all(np.array_equal(a, page_bytes(n)) for a, n in zip(arrays, names))
-  assert (tiers[0].lost, len(tiers[0]), tiers[0].pinned(), stores[0].tamper_reads) == (
+  assert (tiers[0].lost, len(tiers[0]), tiers[0].pinned(), stores[0].store._tampered_reads) == (
       False, 4, 0, 0)
 
 
@@ -168,3 +170,67 @@ def test_a_sealed_page_that_did_not_open_twice_fails_that_reload_not_the_tier(fa
   assert sorted(stores[0].pages) == sorted(names[1:])
   inst.tables.free("r", 2.0)             # (the driver's _recompute_prefills)
   assert inst.tables.allocate_prefix("r", X + [7], 17, SALT, now=3.0) == 0
+
+
+def test_without_a_seal_key_the_store_holds_the_pages_themselves(fake_ray):
+  _, _, store = _filled()
+  assert all(np.array_equal(v, page_bytes(n)) for n, v in store.pages.items())
+
+
+def test_with_a_seal_key_the_store_holds_sealed_pages_only_and_a_reload_opens_them(fake_ray):
+  """Item 6: the instance seals what it offloads (the store never sees the key or a
+  plaintext page: nor would a spill file of its objects) and opens what it reloads."""
+  inst, tier, store = _filled(new_run_key())
+  sealer = inst.actor.actor._sealer
+  assert all(isinstance(v, SealedPage) for v in store.pages.values())
+  assert not any(page_bytes(n).tobytes() in pickle.dumps(v) for n, v in store.pages.items())
+  assert {v.key_id for v in store.pages.values()} == {(sealer.sealer_id, 0)}
+  assert sealer.seals == 8
+  x_names = list(store.pages)[:4]
+  assert inst.tables.allocate_prefix("r4", X + [7], 17, SALT, now=6.0) == 16
+  assert inst.step("prefill", [], None).result() == []
+  (pages, arrays), = inst.actor.scatters
+  assert pages == [5, 6, 7, 8]
+  assert all(np.array_equal(a, page_bytes(n)) for a, n in zip(arrays, x_names))
+
+
+def _sealed_on_node_1(tampered: int):
+  """_filled's node as node 1 of two, sealed; node 0's tier (a peer) holds X's names too;
+  node 1's store flips a byte of the first piece of its next `tampered` reads; r4 plans
+  X's reload from its own node's tier."""
+  inst, tier, store = _filled(new_run_key(), node=1)
+  peer = HostTier(8, node=0)
+  inst.tables.remote = RemoteReload([peer], page_bytes=1, page_size=4,
+                                    recompute_s=lambda chunks: sum(q for q, _ in chunks),
+                                    link=CrossNodeLink(1e9))
+  x_names = list(store.pages)[:4]
+  for n in x_names:
+    peer.offer(n, SALT, SALT, n, writer="colocated-0", ready_s=0.0, now=0.0)
+  store.tamper_sealed_reads.remote(tampered)
+  assert inst.tables.allocate_prefix("r4", X + [7], 17, SALT, now=6.0) == 16
+  return inst, tier, peer, store, x_names
+
+
+def test_a_local_sealed_page_that_did_not_open_once_is_read_again(fake_ray):
+  inst, tier, peer, store, x_names = _sealed_on_node_1(tampered=1)
+  assert inst.step("prefill", [], None).result() == []
+  (pages, arrays), = inst.actor.scatters
+  assert all(np.array_equal(a, page_bytes(n)) for a, n in zip(arrays, x_names))
+  assert (tier.stats["discarded"], tier.pinned(), store.store._tampered_reads) == (0, 0, 0)
+
+
+def test_a_local_sealed_page_that_did_not_open_twice_is_forgotten_by_its_own_tier(fake_ray):
+  """The step fails as a remote one does (RemotePagesUnread, naming this node): this node's
+  tier forgets that page (its store drops it); the other node's tier is not touched."""
+  inst, tier, peer, store, x_names = _sealed_on_node_1(tampered=2)
+  with pytest.raises(ReloadFailed) as e:
+    inst.step("prefill", [], None).result()
+  assert str(e.value) == (f"node 1's KV store served pages that did not open, twice: "
+                          f"sealed KV page {x_names[0].hex()[:12]} did not open (tampered, "
+                          f"truncated, or not this page's)")
+  assert (e.value.node, e.value.names) == (1, [x_names[0]])
+  assert inst.actor.scatters == []
+  assert (tier.lost, tier.stats["discarded"], tier.pinned()) == (False, 1, 0)
+  assert [n in tier for n in x_names] == [False, True, True, True]
+  assert x_names[0] not in store.pages and len(store.pages) == 7
+  assert (peer.stats["discarded"], [n in peer for n in x_names]) == (0, [True] * 4)

@@ -6,8 +6,11 @@ order of events that matters to it.
     driver's `drop`s reach it at once).
   - An instance's step runs when the driver collects it (`ray.get`): its reloads read the
     store then, after whatever the driver sent meanwhile — as a real actor may.
-  - The step's reloads go through the real actor's `InstanceActor._reload` (retries, sealing,
-    errors); only the pool write is faked (`scatters` records it).
+  - The store is the real NodeStore (every page kept in the actor: no object store); the
+    instance's offloads go through the real actor's `store_items` (sealed under the run's
+    key when it has one) and its step's reloads through `InstanceActor._reload` (retries,
+    opening, errors); only the pool's gather and write are faked (a page's bytes are
+    `page_bytes(name)`; `scatters` records the writes).
 
 `FakeRay` replaces the `ray` module remote.py uses: `get` evaluates a call, raises Ray's
 GetTimeoutError for a call that never returns (a `Wedged` one) when given a timeout, and fails
@@ -22,8 +25,8 @@ import numpy as np
 import ray
 
 from pdjax.distributed.actor import InstanceActor
+from pdjax.distributed.node_store import NodeStore
 from pdjax.distributed.remote import RemoteInstance
-from pdjax.distributed.sealed_kv import seal_pages
 
 
 class Call:
@@ -81,53 +84,43 @@ def page_bytes(name: bytes) -> np.ndarray:
 
 
 class FakeStore:
-  """NodeStore's calls; `wedged`: its puts never return; `tamper_reads`: that many sealed
-  reads hand out a piece with one byte flipped."""
+  """A NodeStore (`store`, its `pages`) called as an actor; `wedged`: its puts never
+  return."""
 
   def __init__(self):
-    self.pages: dict[bytes, np.ndarray] = {}
-    self.wedged, self.tamper_reads = False, 0
-    for method in ("put", "get", "get_sealed", "drop"):
-      fn = getattr(self, "_" + method)
+    self.store = NodeStore(large_page_bytes=1 << 62)
+    self.pages = self.store.pages
+    self.wedged = False
+    for method in ("put", "get", "drop", "tamper_sealed_reads"):
+      fn = getattr(self.store, method)
       setattr(self, method, types.SimpleNamespace(
           remote=lambda *a, fn=fn, **k: self._sent(fn, a, k)))
 
   def _sent(self, fn, args, kwargs):
-    if fn == self._put and self.wedged:
+    if fn == self.store.put and self.wedged:
       return Wedged()
     value = fn(*args, **kwargs)   # (run now: in arrival order)
     return Call(lambda: value)
 
-  def _put(self, items):
-    self.pages.update(items)
-    return sum(int(a.nbytes) for a in items.values())
-
-  def _get(self, names):
-    return [self.pages[n] for n in names]
-
-  def _get_sealed(self, names, key):
-    tamper, self.tamper_reads = self.tamper_reads > 0, max(self.tamper_reads - 1, 0)
-    return seal_pages(key, names, [self.pages[n] for n in names], tamper)
-
-  def _drop(self, names):
-    return sum(self.pages.pop(n, None) is not None for n in names)
-
 
 class FakeActor:
-  """An instance's process: offload copies pool pages (named `page_bytes(name)`) to a store;
-  a step reloads its pages through InstanceActor._reload when collected."""
+  """An instance's process on `node`: offload copies pool pages (`page_bytes(name)`) to a
+  store, sealed when given the run's key; a step reloads its pages through
+  InstanceActor._reload when collected."""
 
-  def __init__(self):
+  def __init__(self, node: int = 0):
     self.scatters: list[tuple[list[int], list]] = []   # (pages, arrays) written into the pool
     actor = InstanceActor.__new__(InstanceActor)
+    actor.node, actor._sealer = node, None
     actor._copies = types.SimpleNamespace(
         scatter_from_host=lambda pages, arrays: self.scatters.append((pages, arrays)))
     self.actor = actor
     self.offload = types.SimpleNamespace(remote=self._offload)
     self.step = types.SimpleNamespace(remote=self._step)
 
-  def _offload(self, pages, names, store):
-    return store.put.remote({n: page_bytes(n) for n in names})
+  def _offload(self, pages, names, store, seal_key=None):
+    return store.put.remote(self.actor.store_items(names, [page_bytes(n) for n in names],
+                                                   seal_key))
 
   def _step(self, seq, kind, seqs, prev_seq, revoked, loads=(), store=None, remote_loads=(),
             stores=None, seal_key=None, **_):
@@ -141,14 +134,16 @@ class FakeActor:
 
 
 def remote_instance(tier, stores: dict, node: int = 0, name: str = "colocated-0",
-                    num_pages: int = 16, page_size: int = 4) -> RemoteInstance:
+                    num_pages: int = 16, page_size: int = 4,
+                    seal_key: bytes | None = None) -> RemoteInstance:
   """A live RemoteInstance on `node` with a prefix cache, sharing `tier` (its node's), its
-  store stores[node]."""
+  store stores[node]; seal_key: the run's (its store's pages sealed)."""
   spec = types.SimpleNamespace(name=name, role="colocated", tp=1, node=node,
                                opts=types.SimpleNamespace(num_pages=num_pages,
                                                           page_size=page_size))
   inst = RemoteInstance(spec, None, {})
-  inst.actor, inst.alive, inst.store_of, inst._seq = FakeActor(), True, stores.__getitem__, 0
+  inst.actor, inst.alive, inst.store_of, inst._seq = FakeActor(node), True, stores.__getitem__, 0
+  inst.seal_key = seal_key
   inst.tables.enable_prefix_cache()
   inst.attach_host_tier(tier)
   return inst
