@@ -12,6 +12,22 @@ log-normal with the medians and means reported for the 2023 traces (conversation
 median 1,020 / mean 1,155 tokens, output median 129 / mean 211; code: prompt median 1,500 /
 mean 2,048, output median 13 / mean 28). Arrivals are bursty: a gamma renewal process with a
 coefficient of variation of 2 (the real trace's burstiness differs by minute).
+
+The real traces can now be used instead (issue 49, item 4). The repository ships the first
+1,000 rows of each, with their source, license (CC BY 4.0) and attribution, in
+tests/fixtures/azure_llm_2023/ (code_first_1000.csv, conv_first_1000.csv); the whole files are
+data/AzureLLMInferenceTrace_{code,conv}.csv of https://github.com/Azure/AzurePublicDataset
+(8,819 and 19,366 rows, ~1 hour each). Either is read by path, as this file is:
+
+  python -m pdjax.run --config.backend=sim --config.workload.kind=azure \
+      --config.workload.num_requests=0 --config.workload.path=AzureLLMInferenceTrace_conv.csv
+  python -m pdjax.plan --config=configs/where_disagg_wins.py:quick \
+      --config.plan.map_mixes=azure_conv,workload --config.workload.kind=azure \
+      --config.workload.path=AzureLLMInferenceTrace_conv.csv
+
+(the map's `workload` mix: the trace's lengths at the map's Poisson rates; BENCHMARKS.md, "A real
+trace mix (Azure 2023)"). This stand-in remains for sizes the real hour does not have
+(--hours).
 """
 
 import argparse

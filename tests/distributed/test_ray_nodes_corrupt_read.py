@@ -1,6 +1,6 @@
 """Issue 47 item 3 on two Ray nodes (test_ray_nodes.py's cluster and trace): r3, on node 1,
-reloads X's 3 pages from node 0's store, sealed (kv.seal_cross_node); that store hands out a
-corrupt piece (NodeStore.tamper_sealed_reads). Once: the read is retried and served. Twice:
+reloads X's 3 pages from node 0's store, which holds them sealed by node 0's instance
+(kv.seal_cross_node); that store hands out a corrupt piece (NodeStore.tamper_sealed_reads). Once: the read is retried and served. Twice:
 that reload fails, r3 recomputes X, and node 0's tier forgets the page that did not open and
 nothing else (before: the whole tier of node 0 was lost for the rest of the run)."""
 
