@@ -28,6 +28,9 @@ from pdjax.distributed.remote import RemoteInstance
 from pdjax.kv.layer_groups import group_bounds
 
 ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
+GROUP_BUNDLE_CPU = 0.001     # a multi-host instance's host: its placement bundle's CPU (a token:
+                             # the bundle only places it; devices are the real resource)
+PLACEMENT_TIMEOUT_S = 60.0   # the longest a multi-host instance waits to be placed
 
 
 class RayCluster:
@@ -44,6 +47,9 @@ class RayCluster:
     self._live: list[RemoteInstance] = []
     self._stores: dict[int, object] = {}   # node -> its KV store actor (node_store), once used
     self._node_ids: list[str] = []         # the run's nodes (cluster.nodes): Ray node ids
+    self._hosts_by_role: dict[str, int] = {}   # roles whose instances span hosts (> 1)
+    self._collective_timeout_s = 120.0
+    self._groups: dict[str, object] = {}   # instance name -> its hosts' placement group
 
   def __enter__(self) -> "RayCluster":
     self.start()
@@ -69,6 +75,10 @@ class RayCluster:
   def shutdown(self) -> None:
     """Kills every actor still alive, then leaves (or stops the local) Ray if it started it."""
     self.release(self._live)
+    from ray.util.placement_group import remove_placement_group
+    for pg in self._groups.values():
+      remove_placement_group(pg)
+    self._groups.clear()
     for store in self._stores.values():
       ray.kill(store, no_restart=True)
     self._stores.clear()
@@ -87,16 +97,22 @@ class RayCluster:
   def build_instances(self, tiers: list[tuple[str, int, int]], mcfg, opts, *,
                       checkpoint: str = "", seed: int = 0, roles_may_change: bool = False,
                       opts_by_role: dict | None = None,
-                      remesh_tps: dict | None = None, nodes: int = 1) -> list[RemoteInstance]:
+                      remesh_tps: dict | None = None, nodes: int = 1,
+                      hosts_by_role: dict | None = None,
+                      collective_timeout_s: float = 120.0) -> list[RemoteInstance]:
     """One actor per (role, index), all started and warmed up at once, then every transfer
     bucket run once between each sender and receiver (connections, first copies). The same
     programs as `engine.cluster.build_instances`. remesh_tps ({role: TPs}, re-meshing:
     distributed/remesh.py): the actors of those tiers also send and receive KV at each of
     those TPs (a re-mesh moves their requests' KV to the new actors). nodes
     (cluster.nodes): the actors fill that many Ray nodes in even blocks (kv/remote_store.py's
-    nodes_of), each pinned to its node; 1: wherever Ray places them."""
+    nodes_of), each pinned to its node; 1: wherever Ray places them. hosts_by_role
+    ({role: hosts}, cluster.<tier>.hosts): an instance of that role is that many actors, one
+    per host, as one multi-controller JAX group (distributed/host_group.py)."""
     from pdjax.kv.remote_store import nodes_of
     self.use_nodes(nodes)
+    self._hosts_by_role = {r: h for r, h in (hosts_by_role or {}).items() if h > 1}
+    self._collective_timeout_s = collective_timeout_s
     remesh_tps = remesh_tps or {}
     tps = {role: tuple(sorted({tp for r, _, tp in tiers if r == role or roles_may_change}
                               | set(remesh_tps.get(role, ()))))
@@ -187,8 +203,43 @@ class RayCluster:
         del self._stores[node]
 
   def _new_actor(self, spec: ActorSpec):
+    hosts = self._hosts_by_role.get(spec.role, 1)
+    if hosts > 1:
+      return self._new_host_group(spec, hosts)
     return ray.remote(InstanceActor).options(**self.actor_options(spec.tp),
                                              **self._placement(spec.node)).remote(spec)
+
+  def _new_host_group(self, spec: ActorSpec, hosts: int):
+    """Host 0 of a multi-host instance (it starts the others: host_group.py), each host's actor
+    in its own bundle of a placement group: PACK on a local Ray (one machine), STRICT_SPREAD
+    on a cluster joined by address (one host per Ray node). The group of an instance started
+    again (after its death) replaces the old one's."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from pdjax.distributed.host_group import HostGroup, HostGroupActor
+    if spec.name in self._groups:
+      remove_placement_group(self._groups.pop(spec.name))
+    options = self.actor_options(spec.tp // hosts)
+    bundle = {"CPU": GROUP_BUNDLE_CPU, **{k: v for k, v in (
+        ("GPU", options.get("num_gpus")),) if v}, **options.get("resources", {})}
+    strategy = "STRICT_SPREAD" if self.address else "PACK"
+    pg = placement_group([bundle] * hosts, strategy=strategy)
+    try:
+      ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+      remove_placement_group(pg)
+      raise ValueError(f"cluster.{spec.role}.hosts={hosts}: Ray could not place {hosts} hosts "
+                       f"of {bundle} ({strategy}) within {PLACEMENT_TIMEOUT_S:g} s: the "
+                       f"cluster has too few nodes or resources") from None
+    self._groups[spec.name] = pg
+    placed = [dict(options, num_cpus=GROUP_BUNDLE_CPU,
+                   scheduling_strategy=PlacementGroupSchedulingStrategy(
+                       pg, placement_group_bundle_index=i)) for i in range(hosts)]
+    platform = "cpu" if "runtime_env" in options else "device"
+    group = HostGroup(hosts, platform=platform,
+                      collective_timeout_s=self._collective_timeout_s,
+                      peer_options=tuple(placed[1:]))
+    return ray.remote(HostGroupActor).options(**placed[0]).remote(spec, group)
 
   def actor_options(self, tp: int) -> dict:
     """Ray placement of a TP-tp instance (see the module doc)."""

@@ -1,0 +1,88 @@
+"""Instances that span hosts (cluster.<tier>.hosts, issue 48; distributed/host_group.py), on
+this machine: each host a Ray actor process with its own virtual CPU devices, the hosts of an
+instance one multi-controller JAX group over gloo. Greedy tokens equal one process's (and HF's);
+a host killed ends its whole instance and its requests recover on the others."""
+
+import os
+import signal
+
+import pytest
+import ray
+
+from conftest import tiny_engine_options
+from helpers.ray_fixtures import hf_outputs, ray_cluster  # noqa: F401  (fixtures)
+from pdjax.models.llama_config import config_from_hf
+from pdjax.request import Request, SamplingParams, Status
+from pdjax.runner import serve_requests as serving
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [[1, 5, 9, 14, 27, 3, 88], [1, 100], [1] + list(range(10, 60)), [1, 7, 7, 7, 9]]
+MAX_NEW = [12, 9, 16, 20]
+
+
+def _requests():
+  return [Request(id=f"r{i}", arrival_s=0.0, prompt_ids=p, eos_ids=(2,),
+                  sampling=SamplingParams(max_new_tokens=m))
+          for i, (p, m) in enumerate(zip(PROMPTS, MAX_NEW))]
+
+
+@pytest.fixture
+def build(ray_cluster, hf_llama):
+  """build(tiers, hosts_by_role) -> actor instances on the HF checkpoint; released after."""
+  path, _ = hf_llama
+  built = []
+
+  def make(tiers, hosts_by_role, **kw):
+    instances = ray_cluster.build_instances(tiers, config_from_hf(path), tiny_engine_options(),
+                                            checkpoint=path, hosts_by_role=hosts_by_role, **kw)
+    built.extend(instances)
+    return instances
+
+  yield make
+  ray_cluster.release(built)
+
+
+def _peer_pids(inst) -> list[int]:
+  return ray.get(inst.actor.peer_pids.remote())
+
+
+def test_colocated_tp2_over_two_hosts_equals_hf(ray_cluster, build, hf_outputs):
+  """One colocated TP2 instance over 2 hosts (a process and a device each): 2 processes, and
+  the greedy tokens of one process (HF's)."""
+  (inst,) = build([("colocated", 1, 2)], {"colocated": 2})
+  peers = _peer_pids(inst)
+  assert len(peers) == 1 and peers[0] != inst.pid and os.getpid() not in (inst.pid, *peers)
+  result = serving.serve("colocated", [inst], _requests())
+  assert [r.status for r in result.requests] == [Status.FINISHED] * len(PROMPTS)
+  assert [r.output_ids for r in result.requests] == hf_outputs
+  assert serving.kv_pages_leaked([inst]) == 0
+
+
+def test_a_host_killed_ends_its_instance_and_its_requests_recover(ray_cluster, build,
+                                                                  hf_outputs):
+  """colocated-0 spans 2 hosts; its second host's process is SIGKILLed before the third
+  step: the step fails (InstanceLost), the driver treats the instance as dead (host 0's actor
+  killed, and with it every peer it started), and its requests are recomputed on colocated-1
+  (one host) with the same tokens."""
+  instances = build([("colocated", 2, 2)], {"colocated": 2})
+  c0 = instances[0]
+  (peer,) = _peer_pids(c0)
+  steps = []
+  decode = c0.decode
+
+  def decode_then_lose_a_host(seqs, prev=None):
+    steps.append(len(seqs))
+    if len(steps) == 3:
+      os.kill(peer, signal.SIGKILL)
+    return decode(seqs, prev)
+
+  c0.decode = decode_then_lose_a_host
+  result = serving.serve("colocated", instances, _requests())
+  assert [r.reason for r in result.requests] == [""] * len(PROMPTS)
+  assert [r.status for r in result.requests] == [Status.FINISHED] * len(PROMPTS)
+  assert [r.output_ids for r in result.requests] == hf_outputs
+  assert result.faults["instances_killed"] == 1 and not c0.alive
+  moved = [r for r in result.requests if "instance_died:recomputed" in r.fallbacks]
+  assert moved and all(r.decode_instance == "colocated-1" for r in moved)
+  assert serving.kv_pages_leaked(instances) == 0
