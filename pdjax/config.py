@@ -247,6 +247,22 @@ def _check_hosts(cfg, role: str) -> None:
   if hosts > 1 and cfg.backend == "jax":
     _require(launcher(cfg) == "ray", f"cluster.{role}.hosts", hosts,
              "needs cluster.launcher='ray' (one process per host)")
+  if cfg.backend == "sim":
+    _check_host_chips(cfg, role, hosts)
+
+
+def _check_host_chips(cfg, role: str, hosts: int) -> None:
+  """On the simulator, a tier that runs may put no more chips on a host (tp / hosts) than the
+  hardware's hosts hold (sim.hardware's chips_per_host; a file without it: no limit)."""
+  from pdjax.sim.hardware import hardware_for
+  if all(r != role for run in modes(cfg) for r, _, _ in tiers(cfg)[RUNS[run]]):
+    return
+  hw, tp = hardware_for(cfg.sim.hardware), cfg.cluster[role].tp
+  if hw.chips_per_host and tp // hosts > hw.chips_per_host:
+    where = "one host" if hosts == 1 else "each host"
+    raise ConfigError(f"cluster.{role}.tp={tp} over hosts={hosts} puts {tp // hosts} chips on "
+                      f"{where}; hardware {hw.name} has {hw.chips_per_host} per host (set "
+                      f"cluster.{role}.hosts={hw.hosts_for(tp)})")
 
 
 def _check_buckets(key: str, buckets) -> None:

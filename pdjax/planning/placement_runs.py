@@ -1,7 +1,8 @@
 """The planner's runs of one placement (`pdjax.plan` and its map mode, planning/map_mode.py):
 whether it fits the chips (each tier's KV pool from the memory its weights leave), its
-simulated config at a rate, one simulated run of it (runner.execute), the rule of what it
-sustains at the config's SLO, and the checks of the plan.* settings.
+simulated config at a rate (each tier over as many hosts as its TP needs: tier_hosts), one
+simulated run of it (runner.execute), the rule of what it sustains at the config's SLO, and the
+checks of the plan.* settings.
 
 A run at rate r offers requests_needed = max(plan.num_requests, ceil(r x plan.min_duration_s))
 requests, and costs about that times the output length: a placement that passes every rate
@@ -53,6 +54,9 @@ def placement_config(cfg, mcfg, p: Placement, rate: float,
     new.cluster.colocated.tp = p.tiers[0][2]
   else:
     new.cluster.prefill.tp = new.cluster.decode.tp = p.tiers[0][2]
+  for role in ("prefill", "decode", "colocated"):   # as many hosts as its chips need
+    with new.unlocked():   # (an older config may lack the key)
+      new.cluster[role].hosts = tier_hosts(cfg, new.cluster[role].tp)
   for (role, _, _), n_pages in zip(p.tiers, pages):
     new.cluster[role].kv_pages = n_pages     # each tier's pool from its own chips' memory
   new.kv.pages_per_instance = min(pages)
@@ -67,6 +71,14 @@ def placement_config(cfg, mcfg, p: Placement, rate: float,
     for key, value in trace.workload(n, rate).items():
       new.workload[key] = value
   return new
+
+
+def tier_hosts(cfg, tp: int) -> int:
+  """The hosts an instance of `tp` chips of sim.hardware spans: the fewest whose chips hold it
+  (ceil(tp / chips_per_host), a divisor of tp); its TP all-reduces then cross the inter-host
+  link (sim/roofline.py)."""
+  from pdjax.sim.hardware import hardware_for
+  return hardware_for(cfg.sim.hardware).hosts_for(tp)
 
 
 def requests_needed(p, rate: float) -> int:

@@ -44,9 +44,44 @@ host DMA figure). `sim.host_link_gbps` overrides it.
                                   one peer pair gets one link, so a single P->D copy sees 128
                                   GB/s, the link used here), PCIe Gen5 x16 (64 GB/s)
 
+Hosts (`chips_per_host`) and the inter-host link (`dcn_bytes_per_s`, per chip per direction,
+as ici_bytes_per_s): an instance of TP chips over H > 1 hosts (cluster.<tier>.hosts) runs its
+TP ring across hosts, and a ring is bound by its slowest hop, so its all-reduces move at
+min(ici, dcn) = the DCN figure (sim/roofline.py); their per-step latency stays ici_latency_s
+(an assumption again: no better-sourced inter-host hop figure; it is optimistic for a NIC hop).
+Pricing the whole ring at DCN is conservative where a boundary chip could use its host's whole
+NIC or XLA/NCCL reduce hierarchically (ICI inside a host, DCN between hosts).
+  tpu_v5e 8 chips, 3.125 GB/s    cloud.google.com/tpu/docs/v5e: "Chips per host 8", "Per-host
+                                 NIC configuration 2 x 100 Gbps" (= 25 Gb/s per chip; the page's
+                                 6.4 Tbps DCN per 256-chip pod agrees). 8 is the serving VM
+                                 (ct5lp-hightpu-8t); 4-chip hosts (ct5lp-hightpu-4t) also
+                                 exist: a JSON file with chips_per_host=4 models them
+  tpu_v5p 4 chips, 6.25 GB/s     cloud.google.com/tpu/docs/v5p: the 4-chip VM, "Data center
+                                 network (DCN) bandwidth per chip (Gbps) 50"
+  tpu_v6e 8 chips, 12.5 GB/s     cloud.google.com/tpu/docs/v6e: "Chips per host 8" (the 8-chip
+                                 ct6e-standard-8t; 4-chip hosts also exist). DCN: ASSUMED 100
+                                 Gb/s per chip (4 x 200 Gbps NICs per 8-chip host; not confirmed
+                                 from the page here)
+  tpu_v7x 4 chips, 12.5 GB/s     cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood:
+                                 each TPU7x VM has 4 chips and 2 NICs. DCN: ASSUMED 100 Gb/s per
+                                 chip (the NICs' speed is not published there)
+  a100    8 GPUs, 25 GB/s        DGX A100 user guide: 8 single-port ConnectX-6 HDR InfiniBand,
+                                 200 Gb/s per GPU
+  h100    8 GPUs, 50 GB/s        MLPerf Inference v3.1 system description, Dell XE9680 H100-SXM
+                                 x8: "8x 400Gb Infiniband" (ConnectX-7 NDR, 400 Gb/s per GPU)
+  h200    8 GPUs, 50 GB/s        MLPerf Inference v4.1, NVIDIA H200-SXM-141GBx8: "10x 400Gbe
+                                 Infiniband" (8 compute rails, one per GPU, + 2 storage)
+  b200    8 GPUs, 50 GB/s        MLPerf Inference v6.0, Nebius B200 x8: "8x ConnectX-7 IB NDR
+                                 400Gb/s"
+  mi300x  8 GPUs, 50 GB/s        8 OAM GPUs per platform (AMD Instinct MI300X); DCN: ASSUMED
+                                 one 400 Gb/s NIC per GPU, as the NVIDIA nodes
+A JSON file without chips_per_host has no host limit; without dcn_bytes_per_s a ring over
+hosts runs at its ICI figure (so give it to model a multi-host instance).
+
 Your own chip: `sim.hardware` (and each entry of `plan.map_hardware`) also takes the path of a
 JSON file with these fields (bf16_flops, hbm_bytes, hbm_bytes_per_s, link_bytes_per_s; optional
-ici_bytes_per_s, ici_latency_s, host_bytes_per_s, name): `hardware_for`.
+ici_bytes_per_s, ici_latency_s, host_bytes_per_s, chips_per_host, dcn_bytes_per_s, name):
+`hardware_for`.
 """
 
 from __future__ import annotations
@@ -68,31 +103,55 @@ class Hardware:
   ici_bytes_per_s: float | None = None   # TP collectives, per chip per direction; None: the link
   ici_latency_s: float = 2e-6            # per ring all-reduce step (chip-to-chip hop)
   host_bytes_per_s: float = 32e9         # host <-> chip copies (the host KV tier), per chip
+  chips_per_host: int | None = None      # chips one host (VM, node) holds; None: no limit
+  dcn_bytes_per_s: float | None = None   # between hosts, per chip per direction; None: ICI's
 
   @property
   def collective_bytes_per_s(self) -> float:
     """The bandwidth a chip's TP all-reduce traffic moves at (ici_bytes_per_s, else the link)."""
     return self.ici_bytes_per_s or self.link_bytes_per_s
 
+  def ring_bytes_per_s(self, hosts: int = 1) -> float:
+    """A TP ring's bandwidth over `hosts` hosts: its slowest hop's, the DCN between hosts."""
+    if hosts > 1 and self.dcn_bytes_per_s:
+      return min(self.collective_bytes_per_s, self.dcn_bytes_per_s)
+    return self.collective_bytes_per_s
+
+  def hosts_for(self, tp: int) -> int:
+    """The fewest hosts an instance of `tp` chips spans: at least ceil(tp / chips_per_host),
+    and a divisor of tp (each host owns tp / hosts chips); 1 without a host limit."""
+    if not self.chips_per_host:
+      return 1
+    hosts = -(-tp // self.chips_per_host)
+    while tp % hosts:
+      hosts += 1
+    return hosts
+
 
 GB = 1e9
 HARDWARE = {h.name: h for h in (
-    Hardware("tpu_v5e", 197e12, 16 * GB, 819 * GB, 200 * GB, ici_bytes_per_s=200 * GB),
-    Hardware("tpu_v5p", 459e12, 95 * GB, 2765 * GB, 600 * GB, ici_bytes_per_s=600 * GB),
-    Hardware("tpu_v6e", 918e12, 32 * GB, 1640 * GB, 448 * GB, ici_bytes_per_s=400 * GB),
-    Hardware("a100", 312e12, 80 * GB, 2039 * GB, 600 * GB, ici_bytes_per_s=300 * GB),
+    Hardware("tpu_v5e", 197e12, 16 * GB, 819 * GB, 200 * GB, ici_bytes_per_s=200 * GB,
+             chips_per_host=8, dcn_bytes_per_s=3.125 * GB),
+    Hardware("tpu_v5p", 459e12, 95 * GB, 2765 * GB, 600 * GB, ici_bytes_per_s=600 * GB,
+             chips_per_host=4, dcn_bytes_per_s=6.25 * GB),
+    Hardware("tpu_v6e", 918e12, 32 * GB, 1640 * GB, 448 * GB, ici_bytes_per_s=400 * GB,
+             chips_per_host=8, dcn_bytes_per_s=12.5 * GB),
+    Hardware("a100", 312e12, 80 * GB, 2039 * GB, 600 * GB, ici_bytes_per_s=300 * GB,
+             chips_per_host=8, dcn_bytes_per_s=25 * GB),
     Hardware("h100", 989e12, 80 * GB, 3350 * GB, 900 * GB, ici_bytes_per_s=450 * GB,
-             host_bytes_per_s=64 * GB),
+             host_bytes_per_s=64 * GB, chips_per_host=8, dcn_bytes_per_s=50 * GB),
     Hardware("h200", 989e12, 141 * GB, 4800 * GB, 900 * GB, ici_bytes_per_s=450 * GB,
-             host_bytes_per_s=64 * GB),
-    Hardware("tpu_v7x", 2307e12, 192 * GB, 7380 * GB, 600 * GB, ici_bytes_per_s=600 * GB),
+             host_bytes_per_s=64 * GB, chips_per_host=8, dcn_bytes_per_s=50 * GB),
+    Hardware("tpu_v7x", 2307e12, 192 * GB, 7380 * GB, 600 * GB, ici_bytes_per_s=600 * GB,
+             chips_per_host=4, dcn_bytes_per_s=12.5 * GB),
     Hardware("b200", 2250e12, 180 * GB, 8000 * GB, 1800 * GB, ici_bytes_per_s=900 * GB,
-             host_bytes_per_s=64 * GB),
+             host_bytes_per_s=64 * GB, chips_per_host=8, dcn_bytes_per_s=50 * GB),
     Hardware("mi300x", 1307e12, 192 * GB, 5300 * GB, 128 * GB, ici_bytes_per_s=448 * GB,
-             host_bytes_per_s=64 * GB),
+             host_bytes_per_s=64 * GB, chips_per_host=8, dcn_bytes_per_s=50 * GB),
 )}
 REQUIRED = ("bf16_flops", "hbm_bytes", "hbm_bytes_per_s", "link_bytes_per_s")
-OPTIONAL = ("ici_bytes_per_s", "ici_latency_s", "host_bytes_per_s")
+OPTIONAL = ("ici_bytes_per_s", "ici_latency_s", "host_bytes_per_s", "chips_per_host",
+            "dcn_bytes_per_s")
 
 
 class HardwareError(ValueError):
@@ -136,7 +195,11 @@ def _from_file(path: str, what: str) -> Hardware:
     if key in fields and (isinstance(value, bool) or not isinstance(value, (int, float))
                           or not math.isfinite(value) or value <= 0):
       raise HardwareError(f"{what}={path!r}: {key}={value!r} must be a finite number > 0")
+  per_host = fields.get("chips_per_host", 1)
+  if isinstance(per_host, bool) or not isinstance(per_host, int):
+    raise HardwareError(f"{what}={path!r}: chips_per_host={per_host!r} must be an integer >= 1")
   name = fields.get("name", os.path.splitext(os.path.basename(path))[0])
   if not isinstance(name, str) or not name:
     raise HardwareError(f"{what}={path!r}: name={name!r} must be a non-empty string")
-  return Hardware(name=name, **{k: float(v) for k, v in fields.items() if k != "name"})
+  return Hardware(name=name, **{k: v if k == "chips_per_host" else float(v)
+                                for k, v in fields.items() if k != "name"})

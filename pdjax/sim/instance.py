@@ -237,9 +237,10 @@ def sim_transfer(src: SimInstance, src_pages: list[int], dst: SimInstance,
 
 
 def sim_cost(mcfg, tp: int, opts, *, hardware: str, link_gbps: float = 0.0,
-             dtype_bytes: int = 2, profile: dict | None = None):
-  """The cost model of one instance of `tp` chips: the calibrated `profile`'s fit when given,
-  else the roofline of `hardware`."""
+             dtype_bytes: int = 2, profile: dict | None = None, hosts: int = 1):
+  """The cost model of one instance of `tp` chips over `hosts` hosts: the calibrated
+  `profile`'s fit when given (measured on one host), else the roofline of `hardware` (whose TP
+  all-reduces cross the inter-host link when hosts > 1)."""
   from pdjax.sim.calibrated import cost_from_profile
   from pdjax.sim.hardware import hardware_for
   from pdjax.sim.roofline import RooflineCost
@@ -247,23 +248,26 @@ def sim_cost(mcfg, tp: int, opts, *, hardware: str, link_gbps: float = 0.0,
     return cost_from_profile(profile, tp, opts)
   link = link_gbps * 1e9 / 8 if link_gbps else None
   return RooflineCost(mcfg, hardware_for(hardware), tp, dtype_bytes=dtype_bytes,
-                      link_bytes_per_s=link)
+                      link_bytes_per_s=link, hosts=hosts)
 
 
 def build_sim_instances(tiers: list[tuple[str, int, int]], mcfg, opts, *, hardware: str,
                         clock, link_gbps: float = 0.0, dtype_bytes: int = 2,
                         profile: dict | None = None,
-                        opts_by_role: dict | None = None) -> list[SimInstance]:
+                        opts_by_role: dict | None = None,
+                        hosts_by_role: dict | None = None) -> list[SimInstance]:
   """One SimInstance per (role, index) with the cost of its TP degree: the calibrated
   `profile`'s fit when given, else the roofline of `hardware`. Needs no devices, so a cluster
-  may be larger than this machine. opts_by_role: per-tier options (e.g. KV pool sizes)."""
+  may be larger than this machine. opts_by_role: per-tier options (e.g. KV pool sizes);
+  hosts_by_role: the hosts each tier's instance spans (cluster.<tier>.hosts; default 1)."""
   from pdjax.sim.host import SharedHost
   sharing = (profile or {}).get("host_sharing")
   host = SharedHost(clock, sharing) if sharing else None
   out = []
   for role, count, tp in tiers:
     cost = sim_cost(mcfg, tp, opts, hardware=hardware, link_gbps=link_gbps,
-                    dtype_bytes=dtype_bytes, profile=profile)
+                    dtype_bytes=dtype_bytes, profile=profile,
+                    hosts=(hosts_by_role or {}).get(role, 1))
     for i in range(count):
       out.append(SimInstance(f"{role}-{i}", role, cost, (opts_by_role or {}).get(role, opts),
                              clock=clock,

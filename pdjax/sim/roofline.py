@@ -13,6 +13,8 @@ latency lat per ring step:
   both:
     comm   = 2 * L * allreduce(T * E * b)             (0 when TP == 1)
     allreduce(X) = 2 * (TP - 1) / TP * X / W + 2 * (TP - 1) * lat
+    W: ICI per chip per direction; on an instance over hosts > 1 hosts the ring crosses the
+    inter-host link, and a ring runs at its slowest hop: W = min(ICI, DCN) (hardware.py)
     time   = max(flops / (F * TP * eff_flops), bytes / (B * TP * eff_bw)) + comm + overhead
   transfer of KV bytes X over a link of bandwidth W':  X / W' + link latency.
 The communication term is Megatron-style TP as pdjax shards (heads and MLP intermediate split
@@ -47,6 +49,7 @@ class RooflineCost:
   link_latency_s: float = 1e-5
   ici_bytes_per_s: float | None = None   # TP all-reduce bandwidth; None: the hardware's
   ici_latency_s: float | None = None     # per ring step; None: the hardware's
+  hosts: int = 1                          # hosts the TP chips span (> 1: the ring pays DCN)
 
   @functools.cached_property
   def matmul_params(self) -> int:
@@ -65,11 +68,14 @@ class RooflineCost:
 
   def allreduce_s(self, num_bytes: float) -> float:
     """One ring all-reduce of `num_bytes` (the full tensor) over the TP chips: each chip sends
-    2 (TP - 1) / TP of the bytes over its interconnect in 2 (TP - 1) latency-bound steps."""
+    2 (TP - 1) / TP of the bytes over its interconnect in 2 (TP - 1) latency-bound steps. A ring
+    over several hosts moves at its slowest hop's bandwidth: the inter-host link's."""
     if self.tp == 1 or num_bytes <= 0:
       return 0.0
     steps = 2 * (self.tp - 1)
     bw = self.ici_bytes_per_s or self.hw.collective_bytes_per_s
+    if self.hosts > 1 and self.hw.dcn_bytes_per_s:
+      bw = min(bw, self.hw.dcn_bytes_per_s)
     lat = self.hw.ici_latency_s if self.ici_latency_s is None else self.ici_latency_s
     return steps / self.tp * num_bytes / bw + steps * lat
 

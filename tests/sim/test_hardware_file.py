@@ -61,7 +61,7 @@ def test_a_simulated_run_on_a_file_chip_names_it(tmp_path):
     ({k: v for k, v in FIELDS.items() if k != "hbm_bytes"}, "missing required field 'hbm_bytes'"),
     ({**FIELDS, "hbm_gbps": 1.0}, "unknown field 'hbm_gbps' (fields: bf16_flops, hbm_bytes, "
      "hbm_bytes_per_s, link_bytes_per_s, ici_bytes_per_s, ici_latency_s, host_bytes_per_s, "
-     "name)"),
+     "chips_per_host, dcn_bytes_per_s, name)"),
     ({**FIELDS, "bf16_flops": -1}, "bf16_flops=-1 must be a finite number > 0"),
     ({**FIELDS, "hbm_bytes": "80GB"}, "hbm_bytes='80GB' must be a finite number > 0"),
 ], ids=["missing", "unknown", "negative", "text"])
