@@ -3,12 +3,16 @@
   python -m pdjax.lower_check                          # Llama-3-8B and SmolLM2-135M, tpu + cuda
   python -m pdjax.lower_check --config=configs/smollm2.py --targets=tpu
   python -m pdjax.lower_check --models=llama3_8b --programs=decode --kernels=none
+  python -m pdjax.lower_check --config=configs/default.py --config.cluster.decode.tp=4 \
+      --config.cluster.decode.hosts=2                  # a decode instance over 2 hosts x 2 chips
 
 Prefill, decode (with the Pallas attention), and the KV transfer's gather and scatter, built as
 an instance builds them and exported with `jax.export` for each target on an AbstractMesh of
 the instance's TP (see pdjax.engine.program_export for what makes a case ok). Built-in shapes
 (--models): llama3_8b (bfloat16, 8k context, TP 1 and 8) and smollm2_135m (as configs/smollm2.py
-serves it, TP 1 and 3); --config lowers a run config's model, buckets and tier TPs instead.
+serves it, TP 1 and 3); --config lowers a run config's model, buckets and tier TPs instead,
+each tier over its cluster.<tier>.hosts: a multi-host instance is one SPMD program over all its
+hosts' devices (num_partitions = TP), and its lines name the layout ("2 hosts x 2 chips").
 --kernels also runs the kernel grid (`python -m kernels_pallas.lower_check`): its --fast subset
 by default. One line per case, then what is not exported and why, then a summary; exit status
 1 when a case fails, 2 on a bad flag or config.

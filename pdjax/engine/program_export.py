@@ -4,7 +4,10 @@ The programs are the ones `Instance` compiles, built by the same functions (prog
 transfer.gather_function, transfer.scatter_function over a bucket's transfer.slot_sizes) with
 the same shardings (mesh.step_shardings, transfer.gather_shardings,
 transfer.scatter_shardings), on a `jax.sharding.AbstractMesh` of the
-instance's TP size: `jax.export.export(..., platforms=[target])` then runs the Pallas attention
+instance's TP size (an instance over several hosts, cluster.<tier>.hosts, is one 1-D mesh over
+every host's devices, host by host, as pdjax/distributed/host_group.py builds it: the same
+SPMD program of num_partitions = TP, which each host's process runs on its own tp / hosts
+devices; a case says its layout, e.g. "2 hosts x 4 chips"): `jax.export.export(..., platforms=[target])` then runs the Pallas attention
 kernels' Mosaic (tpu) or Triton (cuda) lowering inside the real step, at a real model's shapes,
 under the instance's shard_map, with nothing but the host's CPU.
 
@@ -55,11 +58,16 @@ NOT_EXPORTED = (
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
   """A model and the serving shapes to lower it at: its engine options (buckets, pages, dtype)
-  and the TP degrees of its instances."""
+  and the TP degrees of its instances; layouts: (tp, hosts) of each instance kind (empty: each
+  TP on one host)."""
   name: str
   cfg: LlamaConfig
   opts: EngineOptions
   tps: tuple[int, ...]
+  layouts: tuple[tuple[int, int], ...] = ()
+
+  def instance_layouts(self) -> tuple[tuple[int, int], ...]:
+    return self.layouts or tuple((tp, 1) for tp in self.tps)
 
 
 # Real models at serving shapes. Llama-3-8B: bfloat16, 8k context, 16k pages of 16 tokens
@@ -80,34 +88,49 @@ BUILTIN = {
 
 def shape_from_config(cfg, name: str) -> ModelShape:
   """A run config's model at its engine options (every bucket; a compare or chunked run's
-  ragged prefill sized for chunking) with the Pallas attention, and the TP of each tier it
-  runs. Raises config.ConfigError on a bad model key."""
+  ragged prefill sized for chunking) with the Pallas attention, and the TP and hosts
+  (cluster.<tier>.hosts) of each tier it runs. Raises config.ConfigError on a bad model key or
+  hosts that do not divide the tier's TP."""
   from pdjax import config as config_lib
   from pdjax.engine.options import engine_options
   mcfg = config_lib.model_config(cfg)
   chunked = "chunked" in config_lib.modes(cfg)
   opts = dataclasses.replace(engine_options(cfg, chunked=chunked), attention_impl="pallas")
-  tps = sorted({tp for mode in {config_lib.RUNS[m] for m in config_lib.modes(cfg)}
-                for _, count, tp in config_lib.tiers(cfg)[mode] if count > 0})
-  return ModelShape(name, mcfg, opts, tuple(tps))
+  tiers = [(role, tp) for mode in {config_lib.RUNS[m] for m in config_lib.modes(cfg)}
+           for role, count, tp in config_lib.tiers(cfg)[mode] if count > 0]
+  layouts = set()
+  for role, tp in tiers:
+    hosts = cfg.cluster[role].get("hosts", 1)
+    if type(hosts) is not int or hosts < 1 or tp % hosts:
+      raise config_lib.ConfigError(f"cluster.{role}.hosts={hosts!r} does not divide "
+                                   f"cluster.{role}.tp={tp} (each host owns tp / hosts devices)")
+    layouts.add((tp, hosts))
+  return ModelShape(name, mcfg, opts, tuple(sorted({tp for _, tp in tiers})),
+                    tuple(sorted(layouts)))
 
 
 @dataclasses.dataclass(frozen=True)
 class ProgramCase:
-  """One engine program of one model, lowered for one target on an instance of `tp` devices.
-  n: the bucket (prefill tokens, decode sequences, transfer pages); dst_tp: a gather's
-  destination TP."""
+  """One engine program of one model, lowered for one target on an instance of `tp` devices
+  over `hosts` hosts. n: the bucket (prefill tokens, decode sequences, transfer pages); dst_tp:
+  a gather's destination TP."""
   model: ModelShape
   target: str
   program: str
   tp: int
   n: int
   dst_tp: int | None = None
+  hosts: int = 1
+
+  def layout(self) -> str:
+    """The instance's process layout, e.g. "2 hosts x 4 chips" ("" on one host)."""
+    return f"{self.hosts} hosts x {self.tp // self.hosts} chips" if self.hosts > 1 else ""
 
   def label(self) -> str:
     what = {"prefill": f"{self.n} tokens", "decode": f"batch {self.n}",
             "gather": f"{self.n} pages to tp{self.dst_tp}", "scatter": f"{self.n} pages"}
-    return (f"{self.target:<4} {self.model.name} tp{self.tp} {self.program:<7} "
+    where = f" ({self.layout()})" if self.hosts > 1 else ""
+    return (f"{self.target:<4} {self.model.name} tp{self.tp}{where} {self.program:<7} "
             f"{what[self.program]}")
 
 
@@ -126,22 +149,23 @@ class ProgramResult:
 
 def cases(models, targets=TARGETS, program_names=PROGRAMS) -> list[ProgramCase]:
   """Every bucket of each step program, and the smallest and largest transfer bucket (from
-  each TP to each TP) of the gather and scatter, per model, target and TP."""
+  each TP to each TP) of the gather and scatter, per model, target and instance layout (TP
+  and hosts)."""
   out = []
   for model in models:
     o = model.opts
     pages = sorted({o.transfer_buckets[0], o.transfer_buckets[-1]})
     for target in targets:
-      for tp in model.tps:
+      for tp, hosts in model.instance_layouts():
         for program in program_names:
           if program in ("prefill", "decode"):
             buckets = o.prefill_buckets if program == "prefill" else o.decode_buckets
-            out += [ProgramCase(model, target, program, tp, n) for n in buckets]
+            out += [ProgramCase(model, target, program, tp, n, hosts=hosts) for n in buckets]
           elif program == "gather":
-            out += [ProgramCase(model, target, program, tp, n, dst)
+            out += [ProgramCase(model, target, program, tp, n, dst, hosts=hosts)
                     for dst in model.tps for n in pages]
           else:
-            out += [ProgramCase(model, target, program, tp, n) for n in pages]
+            out += [ProgramCase(model, target, program, tp, n, hosts=hosts) for n in pages]
   return out
 
 
@@ -218,7 +242,10 @@ def check(case: ProgramCase, exported, kv_at: int) -> tuple[bool, str]:
   if not _kv_spec_ok(exported, mesh, kv_at):
     return False, "the KV pools' input sharding is not P(None, 'tp', ...)"
   text = exported.mlir_module()
-  parts = [f"{case.tp} device{'s' * (case.tp > 1)}, KV sharded by kv heads"]
+  if case.hosts > 1 and f"mhlo.num_partitions = {case.tp} " not in text:
+    return False, f"not one SPMD program of {case.tp} partitions over {case.layout()}"
+  where = f" as {case.layout()}" if case.hosts > 1 else ""
+  parts = [f"{case.tp} device{'s' * (case.tp > 1)}{where}, KV sharded by kv heads"]
   if case.program in ("prefill", "decode", "scatter"):
     if _main_signature(text).count("tf.aliasing_output") < 2:
       return False, "the KV pools are not donated (no aliasing of both pools to outputs)"
