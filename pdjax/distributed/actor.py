@@ -46,6 +46,7 @@ from pdjax.engine import transfer
 from pdjax.engine.cluster import enable_compile_cache, host_params
 from pdjax.engine.instance import Instance
 from pdjax.engine.options import EngineOptions
+from pdjax.distributed.host_transfer import HostTransferMixin
 from pdjax.distributed.node_store import STORE_TIMEOUT_S, fetch_pages
 from pdjax.distributed.sealed_kv import SealedActorMixin, open_each, sealer_of
 from pdjax.engine.runtime import device_errors
@@ -79,7 +80,7 @@ def _ray_node_id() -> str:
   return ray.get_runtime_context().get_node_id()
 
 
-class InstanceActor(SealedActorMixin):
+class InstanceActor(SealedActorMixin, HostTransferMixin):
 
   def __init__(self, spec: ActorSpec):
     enable_compile_cache(spec.compile_cache_dir)
@@ -99,6 +100,7 @@ class InstanceActor(SealedActorMixin):
     self._connections: dict[str, object] = {}
     self._revoked: set[int] = set()   # epochs of pulls the driver gave up on (never land)
     self._offers: dict[int, list] = {}   # uuid -> its pieces' avals, until settled or expired
+    self._split_offers: dict[int, list] = {}   # uuid -> its per-host offers' ids (hosts > 1)
     self._self_connection = None
     self.offers_expired = 0
     self._next_seq = 0              # the sequence number of the next step to dispatch
@@ -237,7 +239,7 @@ class InstanceActor(SealedActorMixin):
   # ---- KV transfer -------------------------------------------------------------------------
 
   async def offer(self, uuid: int, pages: list[int], dst_tp: int, ttl_s: float,
-                  layers: tuple[int, int] | None = None) -> int:
+                  layers: tuple[int, int] | None = None, dst_hosts: int = 1) -> int:
     """Gathers the pages with one program into pieces shaped for a TP-dst_tp puller
     (`engine.transfer.gather_shards`) and offers them under uuid; returns their bytes. The
     pool's pages may be freed once the pull is acknowledged: the pieces are copies. An offer
@@ -245,12 +247,17 @@ class InstanceActor(SealedActorMixin):
     dropped it as late) expires: this actor pulls it from its own server and drops it,
     freeing the pieces (jax's own await_pull timeout is not used: in jax 0.10.2 an expired
     entry made later, valid pulls on the same server hang). layers=(a, b): those layers only
-    (a layer group's, pulled with the same `layers`)."""
+    (a layer group's, pulled with the same `layers`). dst_hosts, or this instance's own hosts,
+    > 1: the items are offered per destination host (host_transfer.py); returns this host's
+    bytes."""
     with device_errors():
       shards = transfer.gather_shards(self.inst, pages, dst_tp,
                                       None if layers is None else tuple(layers))
-      self._offered(uuid, shards, ttl_s)
-    return sum(int(s.nbytes) for s in shards)
+      if dst_hosts == 1 and self.hosts == 1:
+        self._offered(uuid, shards, ttl_s)
+      else:
+        self._offer_by_host(uuid, shards, dst_tp, dst_hosts, ttl_s)
+    return sum(int(s.nbytes) for s in shards if s is not None)
 
   def _offered(self, uuid: int, shards: list, ttl_s: float) -> None:
     """Puts the pieces on the transfer server under uuid; they expire after ttl_s unless
@@ -264,6 +271,7 @@ class InstanceActor(SealedActorMixin):
     """The driver saw these offers' pulls run: they are taken (or will be), never expire."""
     for uuid in uuids:
       self._offers.pop(uuid, None)
+      self._settle_split(uuid)
 
   def _expire(self, uuid: int) -> None:
     """Takes an unsettled offer back: a pull from this actor's own server whose result is
@@ -285,7 +293,7 @@ class InstanceActor(SealedActorMixin):
 
   async def pull(self, uuid: int, address: str, pages: list[int], timeout_s: float,
                  epoch: int = 0, revoked: tuple[int, ...] = (),
-                 layers: tuple[int, int] | None = None) -> dict:
+                 layers: tuple[int, int] | None = None, sources: tuple | None = None) -> dict:
     """Pulls offer `uuid` from the transfer server at `address` into this pool's pages (as
     many as the offer's) with one pull of all its pieces and returns {"bytes", "seconds"} once
     every piece is here and the one scatter program is dispatched (later steps on this pool
@@ -296,12 +304,15 @@ class InstanceActor(SealedActorMixin):
     names the pulls it gave up on (`revoked`), so a pull checks its epoch before scattering:
     a late one is dropped (DeviceError), never landed into pages another request now owns.
     layers=(a, b): the offer holds those layers only (one layer group of a streamed prefill:
-    `step`'s offers), landed into those layers of the pages."""
+    `step`'s offers), landed into those layers of the pages. sources (either instance spans
+    hosts): (source tp, source hosts, each source host's address), the items pulled per host
+    (host_transfer.py)."""
     start = time.perf_counter()
     self._revoked.update(revoked)
     layers = None if layers is None else tuple(layers)
     try:
-      return await self._pull(uuid, address, pages, timeout_s, epoch, start, layers)
+      arrays = await self._fetch(uuid, address, pages, timeout_s, epoch, start, layers, sources)
+      return self._land(arrays, address, pages, epoch, start, layers)
     finally:
       self._revoked.discard(epoch)
 
@@ -310,8 +321,11 @@ class InstanceActor(SealedActorMixin):
       raise error(f"KV pull from {address} dropped: the driver gave up on it (epoch "
                   f"{epoch}) and its pages may belong to another request")
 
-  async def _pull(self, uuid: int, address: str, pages: list[int], timeout_s: float,
-                  epoch: int, start: float, layers: tuple[int, int] | None) -> dict:
+  async def _fetch(self, uuid: int, address: str, pages: list[int], timeout_s: float,
+                   epoch: int, start: float, layers: tuple[int, int] | None,
+                   sources: tuple | None = None) -> list:
+    """The pull's pieces on this host's devices, every one arrived whole (None for the items
+    of other hosts of this instance); DeviceError when they are not within timeout_s."""
     self._check_epoch(epoch, address, PullNotStarted)   # the offer is left to expire
     inst = self.inst
     devices = list(inst.mesh.devices.flat)
@@ -319,20 +333,32 @@ class InstanceActor(SealedActorMixin):
              for shape, d in zip(transfer.shard_shapes(inst, len(pages), layers),
                                  devices * len(pages))]
     with device_errors():
-      if address not in self._connections:
-        self._connections[address] = self.server.connect(address)
-      arrays = self._connections[address].pull(uuid, avals)
-    while not all(a.is_ready() for a in arrays):
+      if sources is not None:
+        arrays = self._pull_by_host(uuid, avals, sources)
+      else:
+        if address not in self._connections:
+          self._connections[address] = self.server.connect(address)
+        arrays = self._connections[address].pull(uuid, avals)
+    mine = [a for a in arrays if a is not None]
+    while not all(a.is_ready() for a in mine):
       if time.perf_counter() - start > timeout_s:
         raise DeviceError(f"KV pull from {address} not complete after {timeout_s:g} s")
       await asyncio.sleep(PULL_POLL_S)
       self._check_epoch(epoch, address)
     with device_errors():
-      for a in arrays:
+      for a in mine:
         a.block_until_ready()   # a piece whose source died raises here, before the scatter
+    return arrays
+
+  def _land(self, arrays: list, address: str, pages: list[int], epoch: int, start: float,
+            layers: tuple[int, int] | None) -> dict:
+    """Writes fetched pieces into the pool with one program (unless the driver gave up on
+    this epoch: DeviceError, nothing written)."""
+    with device_errors():
       self._check_epoch(epoch, address)   # no await from here to the scatter's dispatch
-      transfer.land_shards(inst, arrays, pages, layers)
-    return {"bytes": sum(int(a.nbytes) for a in arrays), "seconds": time.perf_counter() - start}
+      transfer.land_shards(self.inst, arrays, pages, layers)
+    return {"bytes": sum(int(a.nbytes) for a in arrays if a is not None),
+            "seconds": time.perf_counter() - start}
 
 
 async def _from_store(call, lost: Exception) -> list:

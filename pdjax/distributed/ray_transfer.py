@@ -121,7 +121,8 @@ class RayTransfer:
 
   def __init__(self, timeout_s: float, transfer_timeout_s: float = 0.0):
     self.timeout_s = min(timeout_s, transfer_timeout_s) if transfer_timeout_s else timeout_s
-    self._uuids = itertools.count(random.getrandbits(40) << 20)
+    # (below 2**52: host_pieces.host_uuid adds a destination host in the bits above)
+    self._uuids = itertools.count(random.getrandbits(32) << 20)
     self.seal_key: bytes | None = None   # the run's, when KV between nodes is sealed
 
   @property
@@ -161,8 +162,9 @@ class RayTransfer:
             layers: tuple[int, int] | None = None) -> tuple[int, object, float]:
     """The source half: (uuid, the offer call's ref, when it started)."""
     start, uuid = time.perf_counter(), next(self._uuids)
+    hosts = {"dst_hosts": dst.hosts} if dst.hosts > 1 else {}   # (host_transfer.py)
     return uuid, src.actor.offer.remote(uuid, flat(src_pages), dst.tp, self.offer_ttl_s,
-                                        layers), start
+                                        layers, **hosts), start
 
   def pull(self, src, dst, dst_pages, offered: tuple[int, object, float],
            layers: tuple[int, int] | None = None) -> RemoteTransfer:
@@ -172,8 +174,10 @@ class RayTransfer:
     dst.flush_offloads()             # (pages evicted there are copied out before the pull)
     epoch = dst.next_epoch()
     pages = flat(dst_pages)
+    hosts = ({"sources": (src.tp, src.hosts, src.addresses)}   # (either spans hosts)
+             if src.hosts > 1 or dst.hosts > 1 else {})
     pull = dst.actor.pull.remote(uuid, src.address, pages, self.timeout_s, epoch, dst.revoked(),
-                                 layers)
+                                 layers, **hosts)
     share = 1.0 if layers is None else (layers[1] - layers[0]) / dst.spec.model.num_layers
     return RemoteTransfer(pull, offer, start, self.timeout_s,
                           int(len(pages) * dst.page_bytes * share),

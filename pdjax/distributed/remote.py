@@ -117,6 +117,8 @@ class RemoteInstance:
   revoked epochs whose pull has not returned yet (`revoked`), so the actor drops such a pull
   before it scatters into pages the driver has given to another request."""
 
+  hosts, addresses = 1, ()   # (set by finish_start: the hosts it spans, their servers)
+
   device_tokens = True
 
   def __init__(self, spec, new_actor, warm_up_args: dict):
@@ -156,6 +158,9 @@ class RemoteInstance:
     self.address, self.pid, self.platform = info["address"], info["pid"], info["platform"]
     self.page_bytes, self.ray_node_id = info["page_bytes"], info["ray_node_id"]
     self.overlap_by_default = info["overlap_by_default"]
+    # (an instance over several hosts: each host's transfer server, host 0's first)
+    self.hosts, self.addresses = info.get("hosts", 1), tuple(info.get("addresses",
+                                                                      (self.address,)))
     self.counters = {k: counters[k] for k in COUNTERS}
     self.alive = True
 

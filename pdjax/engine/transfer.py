@@ -286,7 +286,9 @@ def gather_shards(src, src_pages, dst_tp: int, layers: tuple[int, int] | None = 
   single-device arrays that destination devices 0..dst_tp-1 take whole, each
   [2, layers, kv_heads / dst_tp, n, page_size, head_dim] on one source device. Slot-major:
   the plan's p-th piece, destination device j is item p * dst_tp + j. layers: a layer
-  group's (its program compiled by `compile_gather(..., layers)`)."""
+  group's (its program compiled by `compile_gather(..., layers)`). On an instance that spans
+  hosts (multi-controller), an item whose source device is another host's is None here: that
+  host holds it (`piece_hosts`)."""
   plan = transfer_plan(src.opts.transfer_buckets, len(src_pages))
   gather, route = (src._gather[(plan.bucket, dst_tp)] if layers is None else
                    src._gather_groups[(plan.bucket, dst_tp, layers)])
@@ -298,8 +300,20 @@ def gather_shards(src, src_pages, dst_tp: int, layers: tuple[int, int] | None = 
     for split, device in route:
       if split not in data:
         data[split] = {s.device: s.data for s in outs[i * per + split].addressable_shards}
-      shards.append(data[split][device])
+      shards.append(data[split].get(device))
   return shards
+
+
+def piece_hosts(src_tp: int, src_hosts: int, dst_tp: int, dst_hosts: int) -> list[tuple]:
+  """For each destination device j (0..dst_tp-1): (the source host holding its slice, the
+  destination host owning j). Hosts own consecutive devices (tp / hosts each), and
+  `_piece_plan` puts slice j on source device j * r (r = src_tp / dst_tp) or j // s
+  (s = dst_tp / src_tp)."""
+  _check_tps(src_tp, dst_tp)
+  src_dev = ([j * (src_tp // dst_tp) for j in range(dst_tp)] if src_tp >= dst_tp
+             else [j // (dst_tp // src_tp) for j in range(dst_tp)])
+  return [(d // (src_tp // src_hosts), j // (dst_tp // dst_hosts))
+          for j, d in enumerate(src_dev)]
 
 
 def shard_shapes(dst, k: int, layers: tuple[int, int] | None = None) -> list[tuple[int, ...]]:
@@ -322,8 +336,11 @@ def land_shards(dst, shards: list, dst_pages, layers: tuple[int, int] | None = N
   if layers is not None:
     num_layers = layers[1] - layers[0]
   sharding, per = NamedSharding(dst.mesh, PAGES_SPEC), dst.tp
-  pieces = [jax.make_array_from_single_device_arrays((2, num_layers, kvh, n, ps, d), sharding,
-                                                     shards[p * per:(p + 1) * per])
+  # (on an instance over several hosts, each passes the items on its own devices; the others
+  # are None here)
+  pieces = [jax.make_array_from_single_device_arrays(
+      (2, num_layers, kvh, n, ps, d), sharding,
+      [x for x in shards[p * per:(p + 1) * per] if x is not None])
             for p, n in enumerate(plan.pieces)]
   scatter_pieces(dst, dst._scatter if layers is None else dst._scatter_groups[layers], plan,
                  pieces, dst_pages)

@@ -86,3 +86,28 @@ def test_a_host_killed_ends_its_instance_and_its_requests_recover(ray_cluster, b
   moved = [r for r in result.requests if "instance_died:recomputed" in r.fallbacks]
   assert moved and all(r.decode_instance == "colocated-1" for r in moved)
   assert serving.kv_pages_leaked(instances) == 0
+
+
+def _serve_pd(ray_cluster, instances, **kw):
+  return serving.serve("disaggregated", instances, _requests(),
+                       transfer_fn=ray_cluster.transfer_fn, **kw)
+
+
+@pytest.mark.parametrize("tiers,hosts", [
+    ([("prefill", 1, 2), ("decode", 1, 1)], {"prefill": 2}),
+    ([("prefill", 1, 1), ("decode", 1, 2)], {"decode": 2}),
+    ([("prefill", 1, 2), ("decode", 1, 2)], {"prefill": 2, "decode": 2}),
+], ids=["p-2hosts-to-d-1host", "p-1host-to-d-2hosts", "2hosts-to-2hosts"])
+def test_kv_moves_between_multihost_and_single_host_instances(ray_cluster, build, hf_outputs,
+                                                              tiers, hosts):
+  """Each destination host pulls the pieces of its own devices from the source host that
+  holds them; the greedy tokens are HF's and every transfer moved exactly the prompt's pages
+  (page_size 8; k and v, 2 layers, 2 kv heads, head_dim 16, float32: 4096 bytes a page)."""
+  instances = build(tiers, hosts)
+  assert [i.hosts for i in instances] == [hosts.get(i.role, 1) for i in instances]
+  result = _serve_pd(ray_cluster, instances)
+  assert [r.status for r in result.requests] == [Status.FINISHED] * len(PROMPTS)
+  assert [r.output_ids for r in result.requests] == hf_outputs
+  assert [r.transfer_bytes for r in result.requests] == [-(-len(p) // 8) * 4096 for p in PROMPTS]
+  assert all(t["ok"] for t in result.transfers) and len(result.transfers) == len(PROMPTS)
+  assert serving.kv_pages_leaked(instances) == 0
