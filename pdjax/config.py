@@ -247,6 +247,16 @@ def _check_hosts(cfg, role: str) -> None:
   if hosts > 1 and cfg.backend == "jax":
     _require(launcher(cfg) == "ray", f"cluster.{role}.hosts", hosts,
              "needs cluster.launcher='ray' (one process per host)")
+    kv, used = cfg.kv, any(r == role for run in modes(cfg) for r, _, _ in tiers(cfg)[RUNS[run]])
+    for on, what in ((kv.get("host_tier_pages", 0) > 0, "kv.host_tier_pages > 0"),
+                     (kv.get("stream_layers", 0) > 0, "kv.stream_layers > 0"),
+                     (kv.get("seal_cross_node", False), "kv.seal_cross_node"),
+                     (cfg.cluster.get("nodes", 1) > 1, "cluster.nodes > 1"),
+                     (cfg.scheduler.get("role_switch", "none") != "none",
+                      f"scheduler.role_switch={cfg.scheduler.get('role_switch')!r}")):
+      _require(not (on and used), f"cluster.{role}.hosts", hosts,
+               f"is not supported with {what} yet (an instance over several hosts has no node "
+               f"KV store, streams, sealed transfers, node placement or role changes)")
   if cfg.backend == "sim":
     _check_host_chips(cfg, role, hosts)
 

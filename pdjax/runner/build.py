@@ -103,7 +103,9 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
                                     link_gbps=cfg.sim.link_gbps,
                                     dtype_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
                                     profile=config_lib.sim_profile(cfg, mcfg),
-                                    opts_by_role=options_lib.tier_options(cfg, opts))
+                                    opts_by_role=options_lib.tier_options(cfg, opts),
+                                    hosts_by_role={role: cfg.cluster[role].get("hosts", 1)
+                                                   for role, _, _ in tiers})
     serve_kwargs = dict(clock=clock, transfer_fn=sim_transfer,
                         fast_forward=bool(cfg.sim.get("fast_forward", True)))
   elif ray_cluster is not None:
@@ -266,11 +268,14 @@ def _remesh_builder(cfg, mcfg, instances, prepare, host_params, progress, ray_cl
     dtype_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
     costs = {}
 
-    def cost_of(role, tp):
+    from pdjax.sim.hardware import hardware_for
+    hardware = hardware_for(cfg.sim.hardware)
+
+    def cost_of(role, tp):   # (a re-meshed layout spans the fewest hosts that hold its chips)
       if (role, tp) not in costs:
         costs[role, tp] = sim_cost(mcfg, tp, proto[role].opts, hardware=cfg.sim.hardware,
                                    link_gbps=cfg.sim.link_gbps, dtype_bytes=dtype_bytes,
-                                   profile=profile)
+                                   profile=profile, hosts=hardware.hosts_for(tp))
       return costs[role, tp]
 
     def make(name, role, tp, num_pages):

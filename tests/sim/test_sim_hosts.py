@@ -145,3 +145,23 @@ def test_the_command_says_it_in_one_line():
   assert proc.stderr.strip().splitlines()[-1] == (
       "config error: cluster.decode.tp=8 over hosts=1 puts 8 chips on one host; hardware "
       "tpu_v5p has 4 per host (set cluster.decode.hosts=2)")
+
+
+def test_a_sim_run_prices_each_tiers_hosts(tmp_path):
+  """The runner builds sim instances with each tier's hosts (runner/build.py): a decode tier
+  over 2 hosts pays DCN, the prefill tier on one host does not, and the run's decode steps
+  are slower than the same run with hosts=1 (a file chip with 4 per host: TP2 fits one)."""
+  from pdjax.runner.execute import execute
+  chip = _chip_file(tmp_path)
+  runs = {}
+  for hosts in (1, 2):
+    cfg = default.get_config("smoke")
+    cfg.backend, cfg.mode, cfg.sim.hardware = "sim", "disaggregated", chip
+    cfg.cluster.decode.update(instances=1, tp=2, hosts=hosts)
+    cfg.cluster.prefill.update(instances=1, tp=2)
+    summary, result, instances = execute(cfg, config_lib.validate(cfg), "disaggregated", None,
+                                         quiet=True)
+    assert [(i.role, i.cost.hosts) for i in instances] == [("prefill", 1), ("decode", hosts)]
+    assert summary["kv_pages_leaked"] == 0
+    runs[hosts] = summary["tpot_s"]["mean"]
+  assert runs[2] > runs[1]
