@@ -111,3 +111,50 @@ def test_kv_moves_between_multihost_and_single_host_instances(ray_cluster, build
   assert [r.transfer_bytes for r in result.requests] == [-(-len(p) // 8) * 4096 for p in PROMPTS]
   assert all(t["ok"] for t in result.transfers) and len(result.transfers) == len(PROMPTS)
   assert serving.kv_pages_leaked(instances) == 0
+
+
+def test_a_pull_one_host_never_completes_fails_on_all_hosts_and_is_retried(ray_cluster, build,
+                                                                        hf_outputs):
+  """decode-0 spans 2 hosts; its second host's next pull never completes (stall_pulls): at
+  the pull deadline that host's stage fails, host 0 lands nothing on either host and the
+  transfer fails once; the driver retries it and the tokens are HF's."""
+  instances = build([("prefill", 1, 1), ("decode", 1, 2)], {"decode": 2})
+  decode = instances[1]
+  ray.get(decode.actor.stall_peer_pulls.remote(1, 1))
+  result = _serve_pd(ray_cluster, instances)
+  assert [r.status for r in result.requests] == [Status.FINISHED] * len(PROMPTS)
+  assert [r.output_ids for r in result.requests] == hf_outputs
+  failed = [t for t in result.transfers if not t["ok"]]
+  assert len(failed) == 1 and len(result.transfers) == len(PROMPTS) + 1
+  assert serving.kv_pages_leaked(instances) == 0
+
+
+def _tiny(ray_cluster, tiers, hosts):
+  from pdjax.models.llama_config import PRESETS
+  return ray_cluster.build_instances(tiers, PRESETS["tiny"], tiny_engine_options(),
+                                     hosts_by_role=hosts)
+
+
+@pytest.mark.parametrize("tiers,hosts", [
+    ([("prefill", 1, 4), ("decode", 1, 2)], {"prefill": 2}),
+    ([("prefill", 1, 2), ("decode", 1, 4)], {"decode": 2}),
+], ids=["p-tp4-2hosts-to-d-tp2", "p-tp2-to-d-tp4-2hosts"])
+def test_tp4_over_two_hosts_equals_tp4_in_one_process(ray_cluster, tiers, hosts):
+  """The seeded `tiny` preset (4 kv heads): a TP4 instance over 2 processes (2 devices each)
+  and a TP2 one in a third process, disaggregated, give the same greedy tokens as the same
+  layout in this one process."""
+  from pdjax.engine.cluster import build_instances, host_params
+  from pdjax.models.llama_config import PRESETS
+  cfg = PRESETS["tiny"]
+  local = build_instances(tiers, cfg, host_params(cfg, checkpoint="", seed=0, dtype="float32"),
+                          tiny_engine_options())
+  want = serving.serve("disaggregated", local, _requests())
+  instances = _tiny(ray_cluster, tiers, hosts)
+  try:
+    got = serving.serve("disaggregated", instances, _requests(),
+                        transfer_fn=ray_cluster.transfer_fn)
+    assert [r.status for r in got.requests] == [Status.FINISHED] * len(PROMPTS)
+    assert [r.output_ids for r in got.requests] == [r.output_ids for r in want.requests]
+    assert serving.kv_pages_leaked(instances) == 0
+  finally:
+    ray_cluster.release(instances)
