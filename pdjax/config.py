@@ -228,7 +228,7 @@ def _check_launcher(cfg) -> None:
   timeout = c.get("pull_timeout_s", 30.0)
   _require(math.isfinite(timeout) and timeout > 0, "cluster.pull_timeout_s", timeout,
            "must be a finite number > 0")
-  timeout = c.get("collective_timeout_s", 120.0)
+  timeout = c.get("collective_timeout_s", 300.0)
   _require(math.isfinite(timeout) and timeout > 0, "cluster.collective_timeout_s", timeout,
            "must be a finite number > 0")
   _require(bool(str(c.get("transfer_host", "127.0.0.1")).strip()), "cluster.transfer_host",

@@ -56,9 +56,10 @@ def get_config(arg=None):
   c.cluster.transfer_host = "127.0.0.1"    # ray: where the KV transfer servers listen
                                            #   ("node": each actor's node address, multi-host)
   c.cluster.pull_timeout_s = 30.0          # ray: a KV pull not done by then fails (recovery)
-  c.cluster.collective_timeout_s = 120.0   # ray, hosts > 1: a step or transfer of a multi-host
+  c.cluster.collective_timeout_s = 300.0   # ray, hosts > 1: a step or transfer of a multi-host
                                            #   instance not done by then (a collective that
-                                           #   never returns) marks the instance dead
+                                           #   never returns) marks the instance dead (room
+                                           #   for a step's lazy compile; warm-up unbounded)
   c.cluster.nodes = 1                      # nodes the instances fill in order (prefill, then
                                            #   decode): KV between nodes crosses kv.cross_node_gbps
                                            #   (ray: one Ray node each; sim: modelled)

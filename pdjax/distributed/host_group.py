@@ -44,6 +44,10 @@ from pdjax.distributed.actor import ActorSpec, InstanceActor
 from pdjax.errors import DeviceError, InstanceLost
 
 
+JOIN_TIMEOUT_S = 300   # the longest a host waits for the others to join its group (a host
+                       # that never starts fails the instance's start, as a dead actor)
+
+
 @dataclasses.dataclass(frozen=True)
 class HostGroup:
   """Where one host of a multi-host instance stands (picklable)."""
@@ -51,7 +55,7 @@ class HostGroup:
   index: int = 0                     # 0: the host the driver calls (it starts the others)
   coordinator: str = ""              # host 0's "ip:port" (set by host 0 for its peers)
   platform: str = "cpu"              # cpu: collectives over gloo
-  collective_timeout_s: float = 120.0
+  collective_timeout_s: float = 300.0
   peer_options: tuple = ()           # (per peer index 1..H-1) the Ray options of its actor
 
 
@@ -67,8 +71,7 @@ def join_group(group: HostGroup) -> None:
   if group.platform == "cpu":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(group.coordinator, num_processes=group.hosts,
-                             process_id=group.index,
-                             initialization_timeout=int(group.collective_timeout_s))
+                             process_id=group.index, initialization_timeout=JOIN_TIMEOUT_S)
 
 
 class HostGroupActor(InstanceActor):
@@ -89,19 +92,20 @@ class HostGroupActor(InstanceActor):
     join_group(group)
     super().__init__(spec)
 
-  async def _all(self, method: str, *args, **kwargs) -> list:
+  async def _all(self, method: str, *args, _bounded: bool = True, **kwargs) -> list:
     """Runs `method` here and on every peer (sent to them first); every host's result (host
     0's first), once every host's call has ended. A peer gone (whatever host 0's own call
     raised meanwhile: its collectives fail when a peer dies) or a call past
-    collective_timeout_s: InstanceLost, the instance is dead. Otherwise host 0's error, else
-    the first peer's. Host 0's own call is InstanceActor's method where it has one."""
+    collective_timeout_s (unless not _bounded: a warm-up, whose compiles may take longer):
+    InstanceLost, the instance is dead. Otherwise host 0's error, else the first peer's. Host
+    0's own call is InstanceActor's method where it has one."""
     import ray
     refs = [getattr(p, method).remote(*args, **kwargs) for p in self._peers]
     own = getattr(super(), method, None) or getattr(self, method)
     try:
       done = await asyncio.wait_for(
           asyncio.gather(own(*args, **kwargs), *refs, return_exceptions=True),
-          self.group.collective_timeout_s)
+          self.group.collective_timeout_s if _bounded else None)
     except asyncio.TimeoutError:
       raise InstanceLost(f"{self.inst.name}: a {method} over its {self.group.hosts} hosts did "
                          f"not end within cluster.collective_timeout_s="
@@ -128,7 +132,7 @@ class HostGroupActor(InstanceActor):
   async def warm_up(self, *args, **kwargs) -> dict:
     if self.group.index:
       return await super().warm_up(*args, **kwargs)
-    return (await self._all("warm_up", *args, **kwargs))[0]
+    return (await self._all("warm_up", *args, _bounded=False, **kwargs))[0]
 
   async def step(self, *args, **kwargs) -> dict:
     if self.group.index:

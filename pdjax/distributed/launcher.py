@@ -48,7 +48,7 @@ class RayCluster:
     self._stores: dict[int, object] = {}   # node -> its KV store actor (node_store), once used
     self._node_ids: list[str] = []         # the run's nodes (cluster.nodes): Ray node ids
     self._hosts_by_role: dict[str, int] = {}   # roles whose instances span hosts (> 1)
-    self._collective_timeout_s = 120.0
+    self._collective_timeout_s = 300.0
     self._groups: dict[str, object] = {}   # instance name -> its hosts' placement group
 
   def __enter__(self) -> "RayCluster":
@@ -99,7 +99,7 @@ class RayCluster:
                       opts_by_role: dict | None = None,
                       remesh_tps: dict | None = None, nodes: int = 1,
                       hosts_by_role: dict | None = None,
-                      collective_timeout_s: float = 120.0) -> list[RemoteInstance]:
+                      collective_timeout_s: float = 300.0) -> list[RemoteInstance]:
     """One actor per (role, index), all started and warmed up at once, then every transfer
     bucket run once between each sender and receiver (connections, first copies). The same
     programs as `engine.cluster.build_instances`. remesh_tps ({role: TPs}, re-meshing:
@@ -223,6 +223,11 @@ class RayCluster:
     bundle = {"CPU": GROUP_BUNDLE_CPU, **{k: v for k, v in (
         ("GPU", options.get("num_gpus")),) if v}, **options.get("resources", {})}
     strategy = "STRICT_SPREAD" if self.address else "PACK"
+    if strategy == "STRICT_SPREAD":
+      alive = sum(1 for n in ray.nodes() if n["Alive"])
+      if alive < hosts:
+        raise ValueError(f"cluster.{spec.role}.hosts={hosts} but the Ray cluster has {alive} "
+                         f"alive node(s): one host per node")
     pg = placement_group([bundle] * hosts, strategy=strategy)
     try:
       ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)

@@ -119,7 +119,7 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
         opts_by_role=options_lib.tier_options(cfg, opts), remesh_tps=remesh_tps,
         nodes=cfg.cluster.get("nodes", 1),
         hosts_by_role={role: cfg.cluster[role].get("hosts", 1) for role, _, _ in tiers},
-        collective_timeout_s=cfg.cluster.get("collective_timeout_s", 120.0))
+        collective_timeout_s=cfg.cluster.get("collective_timeout_s", 300.0))
     serve_kwargs = dict(transfer_fn=ray_cluster.transfer_fn)
     seal_key = None
     if cfg.kv.get("seal_cross_node", False):   # (the run's own key: distributed/sealed_kv.py)

@@ -158,3 +158,46 @@ def test_tp4_over_two_hosts_equals_tp4_in_one_process(ray_cluster, tiers, hosts)
     assert serving.kv_pages_leaked(instances) == 0
   finally:
     ray_cluster.release(instances)
+
+
+def test_a_collective_that_never_returns_is_bounded_by_collective_timeout_s(ray_cluster,
+                                                                          build, hf_outputs):
+  """colocated-0's second host is stopped (SIGSTOP) before the third step: host 0's step
+  waits in a collective that never returns; after cluster.collective_timeout_s (3 s here) the
+  call fails with InstanceLost, the instance is dead (its stopped host killed with it) and
+  its requests finish on colocated-1 with HF's tokens."""
+  instances = build([("colocated", 2, 2)], {"colocated": 2}, collective_timeout_s=3.0)
+  c0 = instances[0]
+  (peer,) = _peer_pids(c0)
+  steps = []
+  decode = c0.decode
+
+  errors = []
+
+  def decode_then_stop_a_host(seqs, prev=None):
+    steps.append(len(seqs))
+    if len(steps) == 3:
+      os.kill(peer, signal.SIGSTOP)
+    pending = decode(seqs, prev)
+    result = pending.result
+
+    def result_seen():
+      try:
+        return result()
+      except Exception as e:
+        errors.append(str(e))
+        raise
+    pending.result = result_seen
+    return pending
+
+  c0.decode = decode_then_stop_a_host
+  try:
+    result = serving.serve("colocated", instances, _requests())
+  finally:
+    os.kill(peer, signal.SIGCONT)
+  assert errors[0] == ("colocated-0: a step over its 2 hosts did not end within "
+                       "cluster.collective_timeout_s=3")
+  assert [r.status for r in result.requests] == [Status.FINISHED] * len(PROMPTS)
+  assert [r.output_ids for r in result.requests] == hf_outputs
+  assert result.faults["instances_killed"] == 1 and not c0.alive
+  assert serving.kv_pages_leaked(instances) == 0
