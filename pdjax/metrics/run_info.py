@@ -53,15 +53,21 @@ def describe_tiers(run: str, tiers) -> str:
 
 
 def placement_info(run: str, tiers, *, launcher: str = "local", nodes: int = 1,
-                   sealed: bool = False) -> dict:
-  """launcher, nodes, sealed (cluster.launcher, cluster.nodes, kv.seal_cross_node): recorded
-  and described only when not the one-process, one-node default."""
+                   sealed: bool = False, hosts: dict | None = None) -> dict:
+  """launcher, nodes, sealed (cluster.launcher, cluster.nodes, kv.seal_cross_node) and hosts
+  ({role: hosts}, cluster.<tier>.hosts): recorded and described only when not the
+  one-process, one-node, one-host default."""
   tiers = [(str(role), int(n), int(tp)) for role, n, tp in tiers]
   describe = describe_tiers(run, tiers)
   extra = {}
+  spans = {r: int(h) for r, h in (hosts or {}).items()
+           if h > 1 and any(r == role for role, _, _ in tiers)}
+  if spans:
+    extra["hosts"] = spans
+    describe += ", " + ", ".join(f"each {r} instance over {h} hosts" for r, h in spans.items())
   if launcher != "local":
     extra["launcher"] = launcher
-    describe += ", one Ray actor per instance"
+    describe += ", one Ray actor per instance" + (" and host" if spans else "")
   if nodes > 1:
     extra.update(nodes=int(nodes), sealed=bool(sealed))
     describe += f", on {nodes} nodes" + (" (KV leaving a node sealed)" if sealed else "")
@@ -106,7 +112,9 @@ def run_info(cfg, mcfg, run: str, tiers, *, devices: dict | None = None,
   return {"backend": backend_info(cfg, devices), "model": model_info(cfg, mcfg),
           "placement": placement_info(run, tiers, launcher=cfg.cluster.get("launcher", "local"),
                                       nodes=cfg.cluster.get("nodes", 1),
-                                      sealed=cfg.kv.get("seal_cross_node", False)),
+                                      sealed=cfg.kv.get("seal_cross_node", False),
+                                      hosts={r: cfg.cluster[r].get("hosts", 1)
+                                             for r, _, _ in tiers}),
           "workload": workload or workload_info(cfg, requests),
           "slo": {"ttft_s": float(cfg.slo.ttft_s), "tpot_s": float(cfg.slo.tpot_s),
                   "attainment": float(cfg.slo.attainment)},

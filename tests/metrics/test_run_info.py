@@ -75,3 +75,14 @@ def test_the_real_engine_names_its_devices():
   assert tiny_sim_warning(info) is None
   from pdjax.metrics.run_info import describe_backend
   assert describe_backend(info["backend"]) == "jax on 8 cpu devices (cpu)"
+
+
+def test_a_tier_over_hosts_is_named_in_the_placement():
+  from pdjax.metrics.run_info import placement_info
+  tiers = [("prefill", 1, 2), ("decode", 1, 1)]
+  info = placement_info("disaggregated", tiers, launcher="ray",
+                        hosts={"prefill": 2, "decode": 1, "colocated": 4})
+  assert info["describe"] == ("1xP(tp2) + 1xD(tp1), each prefill instance over 2 hosts, one "
+                              "Ray actor per instance and host")
+  assert info["hosts"] == {"prefill": 2} and info["chips"] == 3
+  assert "hosts" not in placement_info("disaggregated", tiers, hosts={"prefill": 1})
