@@ -91,8 +91,9 @@ def get_config(arg=None):
                                            #   P -> D between nodes (sim; the engine's prediction)
   c.kv.cross_node_latency_s = 0.002        # a remote reload's round trip to the other node's
                                            #   store (Ray actor calls), in the prediction
-  c.kv.seal_cross_node = False             # AES-GCM seal KV that leaves a node (remote reloads,
-                                           #   P -> D between nodes), through host memory
+  c.kv.seal_cross_node = False             # AES-GCM seal KV that leaves a node (P -> D between
+                                           #   nodes) and every page a node store holds (at
+                                           #   rest: sealed by its writer, opened by its reader)
   c.kv.seal_gbps = 24.0                    # sealing (and opening) rate per process, Gbit/s (the
                                            #   sim's and the prediction's; measured: kv_seal.py)
   c.kv.transfer_failure_policy = "retry_then_recompute"   # or "fail"
