@@ -19,7 +19,7 @@ from pdjax.models.orbax_checkpoint import checkpoint_format
 from pdjax.models.param_layout import LAYOUTS
 from pdjax.workload.loader import validate_workload
 
-MODES = ("colocated", "disaggregated", "compare")
+MODES = ("colocated", "disaggregated", "hybrid", "compare", "compare_all")
 MAX_INSTANCES = 65536   # per tier: the checks below name every instance (a huge count hung)
 MAX_REQUESTS = 10_000_000   # per run (2**63 failed in numpy, a traceback)
 
@@ -106,17 +106,67 @@ def tiers(cfg) -> dict[str, list[tuple[str, int, int]]]:
       "colocated": [("colocated", c.colocated.instances, c.colocated.tp)],
       "disaggregated": [("prefill", c.prefill.instances, c.prefill.tp),
                         ("decode", c.decode.instances, c.decode.tp)],
+      # hybrid: the P-heavy instances serve as the prefill tier, the D-heavy as the decode
+      # tier (their names prefill-<i>, decode-<i>): runner/hybrid.py
+      "hybrid": [("prefill", c.p_heavy.instances, c.p_heavy.tp),
+                 ("decode", c.d_heavy.instances, c.d_heavy.tp)],
   }
 
 
-RUNS = {"colocated": "colocated", "chunked": "colocated", "disaggregated": "disaggregated"}
+RUNS = {"colocated": "colocated", "chunked": "colocated", "disaggregated": "disaggregated",
+        "hybrid": "hybrid"}
+COMPARED = {"compare": ["colocated", "chunked", "disaggregated"],
+            "compare_all": ["colocated", "chunked", "disaggregated", "hybrid"]}
+HYBRID_PATHS = ("taichi", "always_colocated", "always_disagg")   # a prompt starts on P-heavy
+                                                                 # (taichi: or on D-heavy)
+
+
+def tier_key(mode: str, role: str) -> str:
+  """The cluster.<key> a tier of `mode` is configured by (hybrid: p_heavy, d_heavy)."""
+  return {"prefill": "p_heavy", "decode": "d_heavy"}[role] if mode == "hybrid" else role
 
 
 def modes(cfg) -> list[str]:
   """The runs of an experiment: compare = plain colocated, chunked-prefill colocated and
   disaggregated, on the same workload and chips (subfolders colocated/, chunked/,
-  disaggregated/)."""
-  return ["colocated", "chunked", "disaggregated"] if cfg.mode == "compare" else [cfg.mode]
+  disaggregated/); compare_all adds hybrid (hybrid/)."""
+  return list(COMPARED.get(cfg.mode, [cfg.mode]))
+
+
+def _check_hybrid(cfg, mcfg: LlamaConfig) -> None:
+  """cluster.p_heavy / cluster.d_heavy (mode=hybrid, compare_all) and the hybrid run's path:
+  mode=hybrid takes scheduler.path from HYBRID_PATHS (compare_all's hybrid run: taichi)."""
+  if "hybrid" not in modes(cfg):
+    return
+  for kind in ("p_heavy", "d_heavy"):
+    tier, key = cfg.cluster[kind], f"cluster.{kind}"
+    _require(type(tier.instances) is int and 1 <= tier.instances <= MAX_INSTANCES,
+             f"{key}.instances", tier.instances, f"must be an integer in [1, {MAX_INSTANCES}]")
+    _require(type(tier.tp) is int and tier.tp >= 1, f"{key}.tp", tier.tp,
+             "must be an integer >= 1")
+    for what, n in (("num_kv_heads", mcfg.num_kv_heads), ("num_heads", mcfg.num_heads),
+                    ("intermediate_size", mcfg.intermediate_size)):
+      _require(n % tier.tp == 0, f"{key}.tp", tier.tp, f"does not divide the model's {what}={n}")
+    budget, top = tier.chunk_budget, max(cfg.scheduler.prefill_buckets)
+    _require(type(budget) is int and 1 <= budget <= top, f"{key}.chunk_budget", budget,
+             f"must be within [1, {top}] (the largest prefill bucket)")
+    _require(tier.get("hosts", 1) == 1, f"{key}.hosts", tier.get("hosts", 1),
+             "must be 1 (a hybrid instance spans one host so far)")
+    pages, per_seq = tier.get("kv_pages", 0), -(-cfg.kv.max_model_len // cfg.kv.page_size)
+    _require(pages == 0 or pages >= per_seq, f"{key}.kv_pages", pages,
+             f"cannot hold one max_model_len sequence ({per_seq} pages); 0 means "
+             f"kv.pages_per_instance")
+  p, d = cfg.cluster.p_heavy.tp, cfg.cluster.d_heavy.tp
+  _require(p % d == 0 or d % p == 0, "cluster.d_heavy.tp", d,
+           f"and cluster.p_heavy.tp={p}: one must divide the other to move KV")
+  if cfg.mode == "hybrid":   # (a built-in path made for prefill and decode tiers is refused;
+    from pdjax.scheduler.policies import PATHS   # your own class is yours to judge)
+    path = cfg.scheduler.path
+    _require(path in HYBRID_PATHS or path not in PATHS, "scheduler.path", path,
+             f"is not a path of mode=hybrid (built-in: {', '.join(HYBRID_PATHS)}; or your own)")
+    _require(cfg.scheduler.get("role_switch", "none") == "none", "scheduler.role_switch",
+             cfg.scheduler.get("role_switch"), "must be none with mode=hybrid (its instances "
+             "keep their kind)")
 
 
 def load_config_module(path: str):
@@ -392,7 +442,7 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
     for mode in sorted({RUNS[m] for m in modes(cfg)}):
       need = sum(n * tp for _, n, tp in tiers(cfg)[mode])
       if need > device_count:
-        parts = " + ".join(f"cluster.{role}.instances={n} x tp={tp}"
+        parts = " + ".join(f"cluster.{tier_key(mode, role)}.instances={n} x tp={tp}"
                            for role, n, tp in tiers(cfg)[mode])
         raise ConfigError(f"{parts} needs {need} devices, only {device_count} available")
 
@@ -432,6 +482,7 @@ def validate(cfg, device_count: int | None = None) -> LlamaConfig:
   _require(kv.get("transfer_failure_policy", "retry_then_recompute") in TRANSFER_FAILURE_POLICIES,
            "kv.transfer_failure_policy", kv.get("transfer_failure_policy"),
            f"is not one of {', '.join(TRANSFER_FAILURE_POLICIES)}")
+  _check_hybrid(cfg, mcfg)
   _require(isinstance(kv.get("transfer_retries", 3), int) and kv.get("transfer_retries", 3) >= 0,
            "kv.transfer_retries", kv.get("transfer_retries"), "must be an integer >= 0")
   for key in ("transfer_backoff_s", "transfer_timeout_s", "lease_s"):

@@ -21,8 +21,9 @@ from pdjax.workload.loader import default_workload_config
 
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
-  c.mode = "compare"                       # colocated | disaggregated | compare (all three:
-                                           # colocated, chunked, disaggregated)
+  c.mode = "compare"                       # colocated | disaggregated | hybrid | compare (all
+                                           # three: colocated, chunked, disaggregated) |
+                                           # compare_all (the three and hybrid)
   c.seed = 0                               # seeds the workload, random weights, routers, faults
   c.repeats = 5                            # each run N times, seeds seed..seed+N-1: tables show
                                            #   mean ± 95% interval (N >= 2); absent: 1
@@ -43,12 +44,19 @@ def get_config(arg=None):
   c.cluster.prefill = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0, hosts=1))
   c.cluster.decode = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0, hosts=1))
   c.cluster.colocated = ml_collections.ConfigDict(dict(instances=4, tp=2, kv_pages=0, hosts=1))
+  c.cluster.p_heavy = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0, hosts=1,
+                                                     chunk_budget=512))
+  c.cluster.d_heavy = ml_collections.ConfigDict(dict(instances=2, tp=2, kv_pages=0, hosts=1,
+                                                     chunk_budget=64))
   # instances: how many instances this tier runs
   # tp: devices per instance (tensor parallelism)
   # kv_pages: this tier's KV pool per instance; 0 = kv.pages_per_instance
   # hosts: processes (hosts) one instance spans, each owning tp / hosts devices, as one
   #   multi-controller JAX group (ray launcher; the simulator prices TP collectives that cross
   #   hosts on the inter-host link): docs/guide.md "On a TPU pod or several GPU nodes"
+  # chunk_budget: p_heavy, d_heavy (mode=hybrid, compare_all): instances that both prefill and
+  #   decode, each step their decodes plus prompt chunks of up to this many tokens: large on
+  #   P-heavy, small on D-heavy (docs/guide.md "Instances that both prefill and decode")
   c.cluster.launcher = "local"             # local (one process) | ray (a process per instance)
   c.cluster.ray_address = ""               # ray: "" = start a local Ray; else join this cluster
   c.cluster.ray_accelerator = "auto"       # ray: devices per actor: auto (the driver's backend)
@@ -122,7 +130,8 @@ def get_config(arg=None):
                                                 #   own policies (each gets those it accepts)
   c.scheduler.path = "always_disagg"            # always_disagg|always_colocated|length_hybrid|
                                                 #   load_hybrid|prefix_hybrid|isl_bounding|
-                                                #   slo_headroom
+                                                #   slo_headroom|taichi (mode=hybrid: taichi,
+                                                #   always_colocated or always_disagg)
   c.scheduler.admission = "none"                # none|queue_bound|predicted_slo
   c.scheduler.colocated_policy = "prefill_first"   # prefill_first|chunked_prefill (mode=colocated)
   c.scheduler.local_prefill = "whole"           # disaggregated: a prompt a path policy keeps on
@@ -256,6 +265,7 @@ def get_config(arg=None):
     c.scheduler.prefill_buckets = (64, 512)
     c.scheduler.decode_buckets = (4, 16)
     c.scheduler.chunk_budget = 64
+    c.cluster.p_heavy.chunk_budget, c.cluster.d_heavy.chunk_budget = 256, 32
   elif arg:
     raise ValueError(f"unknown variant {arg!r} (known: smoke)")
   return c

@@ -47,8 +47,10 @@ def describe_params(n: int) -> str:
 
 
 def describe_tiers(run: str, tiers) -> str:
-  """'4xTP2' (colocated, chunked) or '2xP(tp2) + 2xD(tp2)' (disaggregated)."""
-  return " + ".join(f"{n}x{role[0].upper()}(tp{tp})" if run == "disaggregated"
+  """'4xTP2' (colocated, chunked), '2xP(tp2) + 2xD(tp2)' (disaggregated) or
+  '2xPH(tp2) + 2xDH(tp2)' (hybrid: P-heavy and D-heavy instances)."""
+  heavy = "H" if run == "hybrid" else ""
+  return " + ".join(f"{n}x{role[0].upper()}{heavy}(tp{tp})" if run in ("disaggregated", "hybrid")
                     else f"{n}xTP{tp}" for role, n, tp in tiers)
 
 

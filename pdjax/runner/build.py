@@ -18,13 +18,16 @@ def _overlap(cfg):
 
 
 def policies_for(cfg, run: str, opts):
-  """The scheduling policies of one run (run: colocated | chunked | disaggregated)."""
+  """The scheduling policies of one run (run: colocated | chunked | disaggregated | hybrid)."""
+  from pdjax.runner import hybrid
   from pdjax.scheduler import policies as policy_lib
   sc = cfg.scheduler
   names = {key: sc[key] for key in policy_lib.CHOICES}
   if run == "chunked":
     names["colocated_policy"] = "chunked_prefill"
-  elif cfg.mode == "compare" or run == "disaggregated":
+  elif run == "hybrid":   # (its step policy: hybrid.hybrid_step, below)
+    names.update(path=hybrid.path_name(cfg), role_switch="none")
+  elif cfg.mode in config_lib.COMPARED or run == "disaggregated":
     names["colocated_policy"] = "prefill_first"   # the plain baseline; D steps are decodes
   # a chunked step packs decodes with a chunk (the programs' rows); a whole-prompt step takes
   # at most scheduler.max_prefill_seqs prompts, whatever rows its programs have (mode=compare's
@@ -43,6 +46,8 @@ def policies_for(cfg, run: str, opts):
                 latency_feedback=config_lib.latency_feedback(cfg),
                 prefill_scorers=sc.get("prefill_scorers", "queue=2,prefix=3"),
                 decode_scorers=sc.get("decode_scorers", "queue=2,prefix=3"))
+  params["tier_budgets"] = hybrid.tier_budgets(cfg, run, params["token_budget"],
+                                               params["local_prefill"])
   if sc.role_switch == "remesh":
     params["allowed_tps"] = config_remesh.remesh_tps(cfg, config_lib.model_config(cfg))
   policies = policy_lib.build(names, params, seed=cfg.seed,
@@ -55,6 +60,8 @@ def policies_for(cfg, run: str, opts):
                          max_prefill_seqs=sc.max_prefill_seqs)
     policies.step = LocalChunked(whole, ChunkedPrefill(
         **{**params, "max_prefill_seqs": opts.max_prefill_seqs}))
+  if run == "hybrid":
+    policies.step = hybrid.hybrid_step(cfg, opts.max_prefill_seqs)
   return policies
 
 
@@ -88,7 +95,7 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
   from pdjax.faults.injector import FaultInjector
   # (a colocated run beside a chunked one on the same placement takes the chunked run's
   # programs: one set compiled for both, runner/instance_pool.py)
-  chunked = (run == "chunked" or local_prefill(cfg, run) == "chunked"
+  chunked = (run in ("chunked", "hybrid") or local_prefill(cfg, run) == "chunked"
              or (run == "colocated" and (cfg.scheduler.colocated_policy == "chunked_prefill"
                                          or "chunked" in config_lib.modes(cfg))))
   opts = options_lib.engine_options(cfg, chunked=chunked)
@@ -165,7 +172,7 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
                       stream_min_tokens=kv.get("stream_min_tokens", 0),
                       debug=cfg.debug, overlap=_overlap(cfg),
                       slo_ttft_s=cfg.slo.ttft_s, slo_tpot_s=cfg.slo.tpot_s)
-  return mode, instances, serve_kwargs
+  return ("disaggregated" if mode == "hybrid" else mode), instances, serve_kwargs
 
 
 def _engine_instances(cfg, mcfg, tiers, host_params, opts, progress) -> list:

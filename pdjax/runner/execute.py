@@ -83,8 +83,10 @@ def execute(cfg, mcfg, run: str, host_params, on_progress=None, quiet: bool = Fa
   ray_cluster: a started `distributed.launcher.RayCluster` (cluster.launcher=ray): each
   instance is an actor in its own process, stopped when the run's summary is taken."""
   from pdjax.runner import serve_requests
+  from pdjax.runner.hybrid import run_config
   from pdjax.workload.loader import load_workload
 
+  cfg = run_config(cfg, run)   # (hybrid: its P-heavy and D-heavy tiers as prefill and decode)
   mode, instances, serve_kwargs = build_run(cfg, mcfg, run, host_params, ray_cluster)
   key = (json.dumps(cfg.workload.to_dict(), sort_keys=True, default=str), cfg.seed,
          mcfg.vocab_size, tuple(mcfg.eos_token_ids), cfg.kv.max_model_len,

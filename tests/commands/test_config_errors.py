@@ -11,7 +11,8 @@ CASES = [
     (["--config.workload.rate=-1"],
      "config error: workload.rate=-1.0 must be > 0 (requests per second)"),
     (["--config.mode=bogus"],
-     "config error: mode='bogus' is not one of ['colocated', 'disaggregated', 'compare']"),
+     "config error: mode='bogus' is not one of ['colocated', 'disaggregated', 'hybrid', "
+     "'compare', 'compare_all']"),
     (["--config.cluster.prefill.tp=3"],
      "config error: cluster.prefill.tp=3 does not divide the model's num_kv_heads=4"),
     (["--config.cluster.colocated.instances=5"],
@@ -36,7 +37,7 @@ CASES = [
     (["--config.scheduler.path=shortest"],
      "config error: scheduler.path='shortest' is not one of ['always_colocated', "
      "'always_disagg', 'isl_bounding', 'length_hybrid', 'load_hybrid', 'prefix_hybrid', "
-     "'slo_headroom'] (or a module:Attr import path)"),
+     "'slo_headroom', 'taichi'] (or a module:Attr import path)"),
     (["--config.workload.kind=foo"],
      "config error: workload.kind='foo' is not one of ['synthetic', 'azure', 'mooncake', "
      "'burstgpt', 'jsonl', 'python']"),

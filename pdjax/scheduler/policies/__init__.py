@@ -34,6 +34,7 @@ from pdjax.scheduler.policies.remesh import Remesh
 from pdjax.scheduler.policies.round_robin import RoundRobin
 from pdjax.scheduler.policies.session_sticky import SessionSticky
 from pdjax.scheduler.policies.slo_headroom import SloHeadroom
+from pdjax.scheduler.policies.taichi import TaiChi
 from pdjax.scheduler.policies.weighted import Weighted
 
 ROUTERS = {"round_robin": RoundRobin, "random": RandomRouter, "least_loaded": LeastLoaded,
@@ -41,7 +42,7 @@ ROUTERS = {"round_robin": RoundRobin, "random": RandomRouter, "least_loaded": Le
            "session_sticky": SessionSticky, "weighted": Weighted}
 PATHS = {"always_disagg": AlwaysDisagg, "always_colocated": AlwaysColocated,
          "length_hybrid": LengthHybrid, "load_hybrid": LoadHybrid, "prefix_hybrid": PrefixHybrid,
-         "isl_bounding": IslBounding, "slo_headroom": SloHeadroom}
+         "isl_bounding": IslBounding, "slo_headroom": SloHeadroom, "taichi": TaiChi}
 ADMISSIONS = {"none": NoAdmission, "queue_bound": QueueBound, "predicted_slo": PredictedSlo}
 COLOCATED = {"prefill_first": PrefillFirst, "chunked_prefill": ChunkedPrefill}
 ROLE_SWITCH = {"none": NoRoleSwitch, "queue_balance": QueueBalance, "remesh": Remesh}
