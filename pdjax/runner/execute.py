@@ -40,6 +40,12 @@ def summarize_run(cfg, run: str, result, instances, problems=()) -> dict:
         cross_node_transfer_bytes(result.requests, instances))
   summary["faults"] = fault_summary(result.requests, result.faults)
   summary["steps"] = result.step_counts()
+  if run == "hybrid":   # (per kind of instance: metrics/hybrid.py)
+    from pdjax.metrics.hybrid import hybrid_summary
+    summary["hybrid"] = hybrid_summary(
+        result.requests, result.transfers, result.steps,
+        {kind: (cfg.cluster[kind].instances, cfg.cluster[kind].chunk_budget)
+         for kind in ("p_heavy", "d_heavy")})
   summary["workload_problems"] = list(problems)
   return summary
 

@@ -56,6 +56,19 @@ def test_each_kind_chunks_a_prompt_at_its_own_budget(tmp_path):
   assert len(result.transfers) == 1 and result.transfers[0]["ok"]
   assert summary["kv_pages_leaked"] == 0
   assert summary["run_info"]["placement"]["describe"] == "1xPH(tp1) + 1xDH(tp1)"
+  by_id = {r.id: r for r in result.requests}
+  kinds = summary["hybrid"]
+  assert kinds["paths"] == {"p_heavy": 1, "p_heavy_to_d_heavy": 1, "d_heavy": 1}
+  assert kinds["transfers"] == 1
+  assert kinds["p_heavy"] == {
+      "instances": 1, "chunk_budget": 64, "prefilled": 2, "decoded": 1,
+      "ttft_mean_s": (by_id["p0"].ttft_s + by_id["m0"].ttft_s) / 2,
+      "tpot_mean_s": by_id["p0"].tpot_s, "chunk_steps": 4, "max_step_tokens": 64}
+  assert kinds["d_heavy"] == {
+      "instances": 1, "chunk_budget": 16, "prefilled": 1, "decoded": 2,
+      "ttft_mean_s": by_id["d0"].ttft_s,
+      "tpot_mean_s": (by_id["d0"].tpot_s + by_id["m0"].tpot_s) / 2, "chunk_steps": 7,
+      "max_step_tokens": 16}
 
 
 def test_chunk_budgets_swapped_swap_the_chunks(tmp_path):
