@@ -93,6 +93,8 @@ def build_run(cfg, mcfg, run: str, host_params, ray_cluster=None, progress=None)
   the simulator and Ray, and the DriverOptions the config sets). progress(done, total, what):
   each program the real engine compiles in this process (engine.cluster.build_instances)."""
   from pdjax.faults.injector import FaultInjector
+  from pdjax.runner.hybrid import run_config
+  cfg = run_config(cfg, run)   # (hybrid: its P-heavy and D-heavy tiers as prefill and decode)
   # (a colocated run beside a chunked one on the same placement takes the chunked run's
   # programs: one set compiled for both, runner/instance_pool.py)
   chunked = (run in ("chunked", "hybrid") or local_prefill(cfg, run) == "chunked"

@@ -122,3 +122,14 @@ def test_hybrid_config_errors_are_one_line(overrides, error):
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(cfg)
   assert str(e.value) == error
+
+
+def test_each_kind_sizes_its_own_kv_pool(tmp_path):
+  """cluster.p_heavy.kv_pages and cluster.d_heavy.kv_pages size the hybrid instances' pools
+  (not cluster.prefill's and cluster.decode's, which the hybrid run's tiers stand in for)."""
+  cfg = _cfg(tmp_path, [{"id": "p0", "arrival_s": 0.0, "prompt_len": 20, "output_len": 2}])
+  cfg.cluster.p_heavy.kv_pages, cfg.cluster.d_heavy.kv_pages = 48, 40
+  cfg.cluster.prefill.kv_pages, cfg.cluster.decode.kv_pages = 64, 64
+  _, _, instances = checked_run(cfg, "hybrid")
+  assert {i.name: i.tables.allocator.num_pages for i in instances} == {
+      "prefill-0": 48, "decode-0": 40}
