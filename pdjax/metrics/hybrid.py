@@ -19,6 +19,7 @@ the kind's chunk_budget).
 from __future__ import annotations
 
 KIND_OF_ROLE = {"prefill": "p_heavy", "decode": "d_heavy"}
+LABELS = {"p_heavy": "P-heavy", "d_heavy": "D-heavy"}
 
 
 def _kind(instance: str | None) -> str | None:
@@ -62,3 +63,22 @@ def hybrid_summary(requests, transfers, steps, tiers: dict) -> dict:
       out[kind]["chunk_steps"] += 1
       out[kind]["max_step_tokens"] = max(out[kind]["max_step_tokens"], int(s["num_tokens"]))
   return {**out, "paths": paths, "transfers": sum(bool(t.get("ok")) for t in transfers)}
+
+
+def hybrid_section(h: dict) -> list[str]:
+  """report.md's "Hybrid instances" section: the `hybrid` summary as a table per kind."""
+  from pdjax.metrics.report_sections import md_table
+
+  def ms(value) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}"
+  rows = [[LABELS[kind], str(k["instances"]),
+           str(k["chunk_budget"]), str(k["prefilled"]), str(k["decoded"]), ms(k["ttft_mean_s"]),
+           ms(k["tpot_mean_s"]), str(k["max_step_tokens"])]
+          for kind, k in h.items() if kind in LABELS]
+  paths = h["paths"]
+  return (["## Hybrid instances", ""]
+          + md_table(["kind", "instances", "chunk budget", "prefilled", "decoded",
+                      "TTFT mean (ms)", "TPOT mean (ms)", "largest step (tokens)"], rows)
+          + ["", f"- Paths: {paths['p_heavy']} stayed on P-heavy, {paths['p_heavy_to_d_heavy']} "
+             f"moved their KV to D-heavy ({h['transfers']} transfers landed), "
+             f"{paths['d_heavy']} ran on D-heavy", ""])

@@ -69,6 +69,9 @@ def _report_md(summary: dict, extras: dict | None = None) -> str:
   sections["num_requests"] = req["total"]
   sections.update(extras or {})
   lines += extra_sections(sections)
+  if "hybrid" in summary:   # (mode=hybrid: metrics/hybrid.py)
+    from pdjax.metrics.hybrid import hybrid_section
+    lines += hybrid_section(summary["hybrid"])
   return "\n".join(lines)
 
 

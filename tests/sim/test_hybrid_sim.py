@@ -8,6 +8,7 @@ import pytest
 
 from helpers.checked_run import checked_run
 from pdjax import config as config_lib
+from pdjax.metrics.hybrid import hybrid_section
 
 
 def _cfg(tmp_path, rows, **kinds):
@@ -69,6 +70,17 @@ def test_each_kind_chunks_a_prompt_at_its_own_budget(tmp_path):
       "ttft_mean_s": by_id["d0"].ttft_s,
       "tpot_mean_s": (by_id["d0"].tpot_s + by_id["m0"].tpot_s) / 2, "chunk_steps": 7,
       "max_step_tokens": 16}
+  ms = {k: f"{kinds[k]['ttft_mean_s'] * 1e3:.1f}" for k in ("p_heavy", "d_heavy")}
+  tpot = {k: f"{kinds[k]['tpot_mean_s'] * 1e3:.1f}" for k in ("p_heavy", "d_heavy")}
+  assert hybrid_section(kinds) == [
+      "## Hybrid instances", "",
+      "| kind | instances | chunk budget | prefilled | decoded | TTFT mean (ms) | "
+      "TPOT mean (ms) | largest step (tokens) |",
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+      f"| P-heavy | 1 | 64 | 2 | 1 | {ms['p_heavy']} | {tpot['p_heavy']} | 64 |",
+      f"| D-heavy | 1 | 16 | 1 | 2 | {ms['d_heavy']} | {tpot['d_heavy']} | 16 |", "",
+      "- Paths: 1 stayed on P-heavy, 1 moved their KV to D-heavy (1 transfers landed), 1 ran "
+      "on D-heavy", ""]
 
 
 def test_chunk_budgets_swapped_swap_the_chunks(tmp_path):
