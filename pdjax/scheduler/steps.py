@@ -169,18 +169,35 @@ class Steps:
         except OutOfPages:
           if not preempt:
             return False
-          victim = next((v for v in reversed(w.running) if v is not r), r)
+          victim = self._victim(w, r)
           self._preempt(w, victim, plan)
           preempted.add(id(victim))
           if victim is r:
             break
     return True
 
+  @staticmethod
+  def _victim(w: InstanceQueue, r: Request) -> Request:
+    """Whom a decoding r that needs a page preempts: the newest other running sequence, else
+    the last prefill or recompute under way here (holding pages, no token yet to lose), else
+    r itself. Before the second choice, two sequences that each need most of the pool took
+    turns preempting themselves while the other recomputed, and neither ever got a token (a
+    livelock hypothesis found: tests/scheduler/test_load_capacity.py)."""
+    victim = next((v for v in reversed(w.running) if v is not r), None)
+    if victim is None:
+      victim = next((v for v in reversed(w.waiting) if v is not r and v.id in w.tables), r)
+    return victim
+
   def _preempt(self, w: InstanceQueue, victim: Request, plan: StepPlan) -> None:
     w.tables.free(victim.id, self.clock.now())
-    w.running.remove(victim)
+    if victim in w.running:
+      w.running.remove(victim)
+    else:            # (a prefill or recompute under way: starts over, its slot claimed again
+      w.waiting.remove(victim)         #  with its pages: _allocate_prefill)
+      w.release(victim)
     if victim in plan.decodes:
       plan.decodes.remove(victim)
+    plan.chunks[:] = [c for c in plan.chunks if c[0] is not victim]   # (its chunk, if any)
     victim.num_computed_tokens = 0
     victim.preemptions += 1
     victim.status = Status.WAITING

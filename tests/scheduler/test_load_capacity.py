@@ -217,5 +217,35 @@ def test_a_preempted_request_does_not_block_a_prefill_that_holds_its_pages():
   faults = FaultSpec(transfer_delay=tuple(data["transfer_delay"]), seed=data["fault_seed"])
   result, insts = _serve_load(reqs, data["mode"], data["names"], engine, faults)
   assert [r.status for r in result.requests] == [Status.FINISHED] * 14
-  assert result.preemptions == 6
+  # 7: one more than before the livelock fix below: a decoding sequence that needs a page
+  # now preempts the recompute under way on its instance before it preempts itself
+  assert result.preemptions == 7
+  assert serving.kv_pages_leaked(insts) == 0
+
+
+THRASH = [  # (arrival_s, prompt length, max_new_tokens) of the schedule hypothesis found
+    (0.0, 20, 29), (0.001, 28, 28), (0.0, 1, 2), (0.01, 17, 29), (0.001, 57, 15),
+    (0.0, 12, 27), (0.0, 12, 8), (0.01, 15, 20), (0.001, 53, 9), (0.01, 56, 23),
+    (0.01, 39, 5), (0.001, 60, 8), (0.0, 26, 21), (0.0, 1, 24)]
+
+
+def test_two_sequences_that_need_most_of_the_pool_do_not_preempt_each_other_forever():
+  """What hypothesis found (a livelock, the run never ended): on decode-1 (16 pages of 8) q4
+  (57 + 15 tokens) and q11 (60 + 8) each need a 9th page; the one decoding preempted itself
+  (no other sequence was running) while the other was being recomputed, holding 8 pages,
+  then the other did the same: 17,000 preemptions and no token. A sequence that needs a page
+  now preempts a prefill or recompute under way on its instance before itself, so the older
+  sequence finishes and every request ends."""
+  reqs = [Request(id=f"q{i}", arrival_s=a, prompt_ids=[(i * 11 + j) % 90 + 3 for j in range(n)],
+                  sampling=SamplingParams(max_new_tokens=m))
+          for i, (a, n, m) in enumerate(THRASH)]
+  names = dict(prefill_router="kv_aware", decode_router="round_robin", path="length_hybrid",
+               admission="none", colocated_policy="chunked_prefill", role_switch="none")
+  engine = dict(page_size=8, max_model_len=96, num_pages=16, prefill_buckets=(16,),
+                decode_buckets=(1, 2, 4), max_prefill_seqs=2)
+  result, insts = _serve_load(reqs, "disaggregated", names, engine,
+                              FaultSpec(transfer_delay=("exp", 0.005)))
+  assert [r.status for r in result.requests] == [Status.FINISHED] * len(reqs)
+  assert [len(r.output_ids) for r in result.requests] == [m for _, _, m in THRASH]
+  assert sum(r.preemptions for r in result.requests) < 20
   assert serving.kv_pages_leaked(insts) == 0
