@@ -57,6 +57,9 @@ def main(argv) -> None:
     if cfg.backend != "jax":
       raise config_lib.ConfigError(f"backend={cfg.backend!r}: the server needs the real engine "
                                    "(backend='jax')")
+    if cfg.mode == "hybrid":
+      raise config_lib.ConfigError("mode='hybrid' is not served yet (pdjax.run runs it); serve "
+                                   "colocated, chunked or disaggregated")
   except config_lib.ConfigError as e:
     fail(f"config error: {e}")
   from pdjax.server.engine_client import EngineClient

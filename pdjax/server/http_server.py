@@ -32,11 +32,12 @@ DRAIN_TAIL_S = 5.0
 
 
 def run_name(cfg) -> str:
-  """The run served: colocated, chunked or disaggregated (mode=compare, the shipped configs'
-  default, serves the disaggregated engine: one server runs one mode)."""
+  """The run served: colocated, chunked, disaggregated or hybrid (mode=compare or
+  compare_all, the shipped configs' default is compare, serves the disaggregated engine: one
+  server runs one mode)."""
   if cfg.mode == "colocated" and cfg.scheduler.colocated_policy == "chunked_prefill":
     return "chunked"
-  return "disaggregated" if cfg.mode == "compare" else cfg.mode
+  return "disaggregated" if cfg.mode in ("compare", "compare_all") else cfg.mode
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENA_MAX) -> bool:

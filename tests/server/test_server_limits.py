@@ -227,3 +227,22 @@ def test_a_stop_string_counts_as_stop_in_metrics():
   counts = {line.split('finished_reason="')[1].split('"')[0]: float(line.split()[-1])
             for line in text.splitlines() if line.startswith("pdjax:request_success_total")}
   assert counts == {"stop": 1.0, "length": 1.0}
+
+
+def test_compare_all_serves_the_disaggregated_engine_and_hybrid_is_refused_in_one_line():
+  import subprocess
+  import sys
+
+  from helpers.paths import ROOT
+  from pdjax.configs.default import get_config
+  from pdjax.server.http_server import run_name
+  cfg = get_config()
+  cfg.mode = "compare_all"
+  assert run_name(cfg) == "disaggregated"
+  proc = subprocess.run([sys.executable, "-m", "pdjax.serve", "--config=configs/default.py:smoke",
+                         "--config.mode=hybrid", "--port=1"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode != 0
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "config error: mode='hybrid' is not served yet (pdjax.run runs it); serve colocated, "
+      "chunked or disaggregated")
