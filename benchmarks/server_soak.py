@@ -44,13 +44,21 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def rss_mb(pid: int) -> float:
-  """Resident memory of process pid (VmRSS), MiB."""
+def _own_rss_mb(pid: int) -> float:
   with open(f"/proc/{pid}/status") as f:
     for line in f:
       if line.startswith("VmRSS:"):
         return int(line.split()[1]) / 1024
   raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def rss_mb(pid: int) -> float:
+  """The server's resident memory, MiB: the HTTP process and its children (the engine-core
+  process the server spawns; before this counted them, the soak read the HTTP process alone,
+  ~70 MiB, and missed the engine)."""
+  with open(f"/proc/{pid}/task/{pid}/children") as f:
+    children = [int(c) for c in f.read().split()]
+  return _own_rss_mb(pid) + sum(_own_rss_mb(c) for c in children)
 
 
 def start_server(config: str, mode: str, workdir: str, log_path: str, extra: list[str]):
