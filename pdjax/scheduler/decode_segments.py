@@ -103,7 +103,9 @@ class DecodeSegments:
       return plan
     inst, tables, n = w.instance, w.tables, len(rows)
     positions = [r.prompt_len + len(r.output_ids) - 1 for r in rows]
-    expected = remaining if horizon == float("inf") else int((horizon - now) / step_s) + 2
+    # (a horizon so far ahead that the step count overflows, e.g. workload.rate=1e-300: capped)
+    expected = (remaining if horizon == float("inf")
+                else int(min((horizon - now) / step_s, 2.0 ** 31)) + 2)
     ends = inst.chain_ends(n, sum(positions) + n, now, remaining, horizon, min(expected, 4096))
     if len(ends) < 2:
       return plan

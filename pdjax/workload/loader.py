@@ -30,6 +30,13 @@ LOGNORMAL_KEYS = ("lognormal_prompt_mean", "lognormal_output_mean", "lognormal_s
                   "lognormal_max_prompt_len", "lognormal_max_output_len")
 
 
+
+# Arrivals stay where a float64 clock resolves microseconds: 10M requests at MIN_RATE span
+# 1e11 s (resolution 15 us). At workload.rate=1e-300 the clock stood still (1e300 + 60 ==
+# 1e300): every KV lease expired at once and no disaggregated request finished.
+MIN_RATE = 1e-4
+MAX_TIME_SCALE = 1e6
+
 def default_workload_config() -> ml_collections.ConfigDict:
   """Every workload key with its default."""
   w = ml_collections.ConfigDict()
@@ -79,13 +86,17 @@ def validate_workload(w) -> str | None:
     return _why("kind", kind, f"is not one of {list(KINDS)}")
   checks = [
       ("num_requests", lambda v: v >= 0, "must be >= 0"),
-      ("time_scale", lambda v: 0 < v < float("inf"), "must be a finite number > 0"),
+      ("time_scale", lambda v: 0 < v <= MAX_TIME_SCALE,
+       f"must be > 0 and at most {MAX_TIME_SCALE:g} (times stretched further lose the clock's "
+       f"precision)"),
   ]
   if kind == "synthetic":
     checks += [
         ("preset", lambda v: v in PRESETS, f"is not one of {list(PRESETS)}"),
         ("arrival", lambda v: v in ARRIVALS, f"is not one of {list(ARRIVALS)}"),
-        ("rate", lambda v: 0 < v < float("inf"), "must be > 0 (requests per second)"),
+        ("rate", lambda v: MIN_RATE <= v < float("inf"),
+         f"must be >= {MIN_RATE:g} requests per second (arrivals further apart lose the "
+         f"clock's precision: at 1e-300 every duration rounded away)"),
         ("tenants", lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1"),
     ]
     arrival = _get(w, "arrival")
@@ -95,8 +106,8 @@ def validate_workload(w) -> str | None:
       checks += [("on_s", lambda v: 0 < v < float("inf"), "must be > 0 seconds"),
                  ("off_s", lambda v: 0 <= v < float("inf"), "must be >= 0 seconds")]
     if arrival == "ramp":
-      checks.append(("ramp_to_rate", lambda v: 0 < v < float("inf"),
-                     "must be > 0 (requests per second)"))
+      checks.append(("ramp_to_rate", lambda v: MIN_RATE <= v < float("inf"),
+                     f"must be >= {MIN_RATE:g} requests per second"))
     if _get(w, "preset") == "mixed":
       checks.append(("chat_fraction", lambda v: 0.0 <= v <= 1.0, "must be within [0, 1]"))
       checks += [(key, lambda v: len(v) == 2 and 1 <= v[0] <= v[1],

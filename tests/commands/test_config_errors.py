@@ -9,7 +9,8 @@ from pdjax import config as config_lib
 
 CASES = [
     (["--config.workload.rate=-1"],
-     "config error: workload.rate=-1.0 must be > 0 (requests per second)"),
+     "config error: workload.rate=-1.0 must be >= 0.0001 requests per second (arrivals "
+     "further apart lose the clock's precision: at 1e-300 every duration rounded away)"),
     (["--config.mode=bogus"],
      "config error: mode='bogus' is not one of ['colocated', 'disaggregated', 'hybrid', "
      "'compare', 'compare_all']"),

@@ -254,7 +254,8 @@ def test_cli_writes_the_result(serve, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--config.workload.bogus=1"], "config error: no key workload.bogus"),
     (["--config.workload.rate=-1"],
-     "config error: workload.rate=-1.0 must be > 0 (requests per second)"),
+     "config error: workload.rate=-1.0 must be >= 0.0001 requests per second (arrivals "
+     "further apart lose the clock's precision: at 1e-300 every duration rounded away)"),
     (["--config.model.preset=nope"],
      f"config error: model.preset='nope' is not one of {sorted(PRESETS)}"),
     (["--config=/nonexistent/cfg.py"], None),

@@ -129,14 +129,20 @@ def test_trace_truncation_reported_with_file_name():
      "'agent_multiturn', 'lognormal']"),
     (dict(arrival="weibull"),
      "workload.arrival='weibull' is not one of ['poisson', 'gamma', 'onoff', 'ramp']"),
-    (dict(rate=0.0), "workload.rate=0.0 must be > 0 (requests per second)"),
+    (dict(rate=0.0), "workload.rate=0.0 must be >= 0.0001 requests per second (arrivals "
+                     "further apart lose the clock's precision: at 1e-300 every duration "
+                     "rounded away)"),
+    (dict(rate=1e-300), "workload.rate=1e-300 must be >= 0.0001 requests per second (arrivals "
+                        "further apart lose the clock's precision: at 1e-300 every duration "
+                        "rounded away)"),
     (dict(num_requests=-1), "workload.num_requests=-1 must be >= 0"),
-    (dict(time_scale=0.0), "workload.time_scale=0.0 must be a finite number > 0"),
+    (dict(time_scale=0.0), "workload.time_scale=0.0 must be > 0 and at most 1e+06 (times "
+                           "stretched further lose the clock's precision)"),
     (dict(arrival="gamma", burstiness=0.0), "workload.burstiness=0.0 must be > 0"),
     (dict(arrival="onoff", on_s=0.0), "workload.on_s=0.0 must be > 0 seconds"),
     (dict(arrival="onoff", off_s=-1.0), "workload.off_s=-1.0 must be >= 0 seconds"),
     (dict(arrival="ramp", ramp_to_rate=-1.0),
-     "workload.ramp_to_rate=-1.0 must be > 0 (requests per second)"),
+     "workload.ramp_to_rate=-1.0 must be >= 0.0001 requests per second"),
     (dict(chat_fraction=1.5), "workload.chat_fraction=1.5 must be within [0, 1]"),
     (dict(doc_prompt_len=(9, 3)),
      "workload.doc_prompt_len=(9, 3) must be (low, high) with 1 <= low <= high"),
