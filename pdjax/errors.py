@@ -32,9 +32,10 @@ class HostTierLost(ReloadFailed):
 
 
 class RemoteStoreLost(ReloadFailed):
-  """Another node's KV store, which a step reloaded from (kv.remote_store), is gone or served
-  a sealed page that did not open: that node's tier is lost for the rest of the run, as for
-  HostTierLost. args: (message, node)."""
+  """Another node's KV store, which a step reloaded from (kv.remote_store), is gone or did not
+  answer within STORE_TIMEOUT_S: that node's tier is lost for the rest of the run, as for
+  HostTierLost. (A sealed page that does not open loses only that page:
+  kv/remote_store.RemotePagesUnread.) args: (message, node)."""
 
   def __init__(self, message: str, node: int = 0):
     super().__init__(message, node)
