@@ -77,6 +77,9 @@ def host_tier_summary(instances) -> dict:
       "refused_pages": s["refused"],
       "evicted_pages": s["evictions"], "flushed_pages": s["flushed"],
       "lost_in_flight_pages": s["aborted"],
+      # pages forgotten because their bytes did not read back (a sealed page that did not
+      # open), and pages held by a tier whose store was lost
+      "discarded_pages": s["discarded"], "lost_pages": s["lost"],
       "lookups": s["lookups"], "hit_lookups": s["hit_lookups"], "hit_pages": s["hit_pages"],
       "remote_hit_pages": s["remote_hit_pages"],
       "remote_declined_pages": s["remote_declined_pages"],

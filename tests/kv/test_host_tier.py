@@ -72,3 +72,23 @@ def test_bad_settings():
     HostTier(0)
   with pytest.raises(ValueError, match=r"policy must be one of \('lru', 'lfu'\), got 'fifo'"):
     HostTier(4, "fifo")
+
+
+def test_the_summary_counts_pages_discarded_and_pages_lost_with_a_tier():
+  """A sealed page that did not open is forgotten (discard); a tier whose store died loses
+  what it held (lose): both reach summary.json's kv_cache.host_tier (issue 47: they were
+  counted in the tier's stats but never reported)."""
+  import types
+
+  from pdjax.metrics.kv_cache import host_tier_summary
+  tiers = [HostTier(8, node=0), HostTier(8, node=1)]
+  for tier, names in zip(tiers, ([b"a0", b"a1", b"a2"], [b"b0", b"b1"])):
+    for n in names:
+      assert _offer(tier, n)
+  assert tiers[0].discard([b"a1", b"zz"]) == 1
+  assert tiers[1].lose() == 2
+  instances = [types.SimpleNamespace(tables=types.SimpleNamespace(host=t), host_stats={})
+               for t in tiers]
+  summary = host_tier_summary(instances)
+  assert (summary["discarded_pages"], summary["lost_pages"], summary["pages_at_end"],
+          summary["offloaded_pages"]) == (1, 2, 2, 5)
