@@ -196,10 +196,14 @@ class RayCluster:
   def clear_store(self) -> None:
     """Empties the node stores between runs (each run has its own host tiers); a store that
     died during the run (a lost tier) is replaced by a new one when next used."""
+    from pdjax.distributed.node_store import STORE_TIMEOUT_S
     for node, store in list(self._stores.items()):
       try:
-        ray.get(store.clear.remote())
+        ray.get(store.clear.remote(), timeout=STORE_TIMEOUT_S)
       except ray.exceptions.RayActorError:
+        del self._stores[node]
+      except ray.exceptions.GetTimeoutError:   # (a wedged store: replaced, as a dead one)
+        ray.kill(store, no_restart=True)
         del self._stores[node]
 
   def _new_actor(self, spec: ActorSpec):

@@ -234,3 +234,31 @@ def test_a_local_sealed_page_that_did_not_open_twice_is_forgotten_by_its_own_tie
   assert [n in tier for n in x_names] == [False, True, True, True]
   assert x_names[0] not in store.pages and len(store.pages) == 7
   assert (peer.stats["discarded"], [n in peer for n in x_names]) == (0, [True] * 4)
+
+
+def test_a_store_that_does_not_answer_the_clear_between_runs_is_replaced(monkeypatch):
+  """RayCluster.clear_store waited on each store with no timeout: a wedged store hung the
+  next run's start. It waits STORE_TIMEOUT_S, then kills that store (the next use starts a
+  new one) and keeps the others."""
+  import types
+
+  import ray as real_ray
+  from pdjax.distributed import launcher as launcher_lib
+  from pdjax.distributed.node_store import STORE_TIMEOUT_S
+  calls, killed = [], []
+
+  def get(ref, timeout=None):
+    calls.append((ref, timeout))
+    if ref == "wedged":
+      raise real_ray.exceptions.GetTimeoutError("Get timed out")
+    return 0
+
+  monkeypatch.setattr(launcher_lib.ray, "get", get)
+  monkeypatch.setattr(launcher_lib.ray, "kill", lambda a, no_restart=True: killed.append(a))
+  stores = {n: types.SimpleNamespace(clear=types.SimpleNamespace(remote=lambda r=r: r))
+            for n, r in ((0, "fine"), (1, "wedged"))}
+  cluster = launcher_lib.RayCluster.__new__(launcher_lib.RayCluster)
+  cluster._stores = dict(stores)
+  cluster.clear_store()
+  assert calls == [("fine", STORE_TIMEOUT_S), ("wedged", STORE_TIMEOUT_S)]
+  assert killed == [stores[1]] and cluster._stores == {0: stores[0]}
