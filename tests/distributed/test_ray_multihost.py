@@ -93,11 +93,11 @@ def _serve_pd(ray_cluster, instances, **kw):
                        transfer_fn=ray_cluster.transfer_fn, **kw)
 
 
+# (P over 2 hosts -> D on 1 and the reverse: the TP4 tests below and the stalled pull's test;
+# they ran here too, equal to HF, until the suite's time asked for one build fewer each)
 @pytest.mark.parametrize("tiers,hosts", [
-    ([("prefill", 1, 2), ("decode", 1, 1)], {"prefill": 2}),
-    ([("prefill", 1, 1), ("decode", 1, 2)], {"decode": 2}),
     ([("prefill", 1, 2), ("decode", 1, 2)], {"prefill": 2, "decode": 2}),
-], ids=["p-2hosts-to-d-1host", "p-1host-to-d-2hosts", "2hosts-to-2hosts"])
+], ids=["2hosts-to-2hosts"])
 def test_kv_moves_between_multihost_and_single_host_instances(ray_cluster, build, hf_outputs,
                                                               tiers, hosts):
   """Each destination host pulls the pieces of its own devices from the source host that
