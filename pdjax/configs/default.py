@@ -250,7 +250,9 @@ def get_config(arg=None):
   c.plan.map_max_disagg = 0                # at most N disaggregated placements (0: all)
   c.plan.map_runs = ""                     # a previous map's DIR: re-evaluate its runs only
   c.plan.map_hybrid = ""                   # hybrid splits (decode may prefill locally) scored
-                                           #   with: isl_bounding,slo_headroom ("" = none)
+                                           #   with: isl_bounding,slo_headroom ("" = none);
+                                           #   instances: mode=hybrid P-heavy + D-heavy
+                                           #   instances (taichi) as the kind `hybrid`
   c.plan.workers = 0                       # processes for the searches / map walks (0: one per
                                            #   core, 1: in-process); results do not depend on it
 

@@ -37,8 +37,8 @@ import time
 import numpy as np
 
 from pdjax.config import ConfigError
-from pdjax.planning import (capacity, map_hybrid, map_output, map_runs, map_walks, mixes,
-                            placement_runs, workload_mix)
+from pdjax.planning import (capacity, map_hybrid, map_instances, map_output, map_runs,
+                            map_walks, mixes, placement_runs, workload_mix)
 from pdjax.planning.map_search import Lattice, map_placements
 from pdjax.planning.search import Placement
 from pdjax.planning.slo_grid import HYBRID, cells
@@ -107,9 +107,10 @@ def settings(cfg) -> MapSettings:
   if p.map_tp_count < 1 or p.map_max_disagg < 0:
     raise ConfigError(f"plan.map_tp_count={p.map_tp_count} (>= 1) and plan.map_max_disagg="
                       f"{p.map_max_disagg} (>= 0) required")
-  hybrid = [v.strip() for v in str(p.get("map_hybrid", "")).split(",") if v.strip()]
+  hybrid = [v.strip() for v in str(p.get("map_hybrid", "")).split(",")
+            if v.strip() and str(p.get("map_hybrid")).strip() != "off"]   # off: as ""
   for name in hybrid:
-    if name not in HYBRID:
+    if name not in HYBRID and name != "instances":
       raise ConfigError(f"plan.map_hybrid: unknown path policy {name!r} (known: "
                         f"{', '.join(HYBRID)})")
   return MapSettings(models, hardware, mix_names, grids[0], grids[1],
@@ -152,16 +153,15 @@ def combo(cfg, model: str, hw: str, mix: str, workdir: str = "", lengths: bool =
 
 
 def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "") -> dict:
-  """Runs the map's simulations (map_walks: in-process or in a pool of plan.workers
-  processes); returns {(model, hardware, mix): [(kind, placement, chips, records, cell)]} and
-  appends runs.csv rows to runs_out and arrays to `arrays`, in the map's order whatever the
-  pool. With plan.map_hybrid: isl_bounding walks every disaggregated split as a hybrid
-  placement (SLO-independent, like the three kinds); slo_headroom runs afterwards, per SLO
-  cell (headroom_tasks)."""
+  """Runs the map's walks (map_walks: in-process or in a pool of plan.workers processes);
+  returns {(model, hardware, mix): [(kind, placement, chips, records, cell)]}, appends runs.csv
+  rows to runs_out and arrays to `arrays`, in the map's order whatever the pool. plan.map_hybrid:
+  isl_bounding and instances (stage 1) walk beside the three kinds; instances' stage 2
+  (map_instances.tuned_tasks) and slo_headroom (headroom_tasks) then walk per SLO cell."""
   p = cfg.plan
   slo_cells = [(t, q) for t in s.ttft_grid for q in s.tpot_grid]
   start = s.lattice.nearest(s.rate_start)   # low: see map_search
-  keys, tasks, combos = [], [], {}
+  keys, tasks, combos, tuned = [], [], {}, {}
   for model in s.models:
     for hw in s.hardware:
       for mix in s.mixes:
@@ -175,14 +175,24 @@ def simulate(cfg, s: MapSettings, runs_out: list, arrays: dict, workdir: str = "
         splits = [pl for pl in cands if pl.run == "disaggregated"]
         if "isl_bounding" in s.hybrid:
           cands += [Placement("hybrid", pl.tiers, "isl_bounding") for pl in splits]
-        _log(f"{model} {hw} {mix}: {len(cands)} placements")
+        inst = [] if "instances" not in s.hybrid else map_instances.placements(
+            splits, max(c.scheduler.prefill_buckets),
+            lambda tp, c=c: placement_runs.tier_hosts(c, tp) == 1)
+        cands += inst
+        _log(f"{model} {hw} {mix}: {len(cands)} placements ({len(inst)} hybrid instances)")
         keys.append((model, hw, mix))
         combos[(model, hw, mix)] = (c, mcfg, trace, splits)
+        tuned[(model, hw, mix)] = (c, mcfg, trace, inst)
         tasks += [map_walks.WalkTask((model, hw, mix), c, mcfg, trace, pl, s.lattice, start,
                                      slo_cells, cfg.slo.attainment) for pl in cands]
   t0 = time.time()
   out = {key: [] for key in keys}
   map_runs.collect(tasks, map_walks.run_walks(tasks, workers(cfg)), out, runs_out, arrays)
+  if "instances" in s.hybrid:
+    cell_tasks = map_instances.tuned_tasks(cfg, s, out, tuned)
+    _log(f"hybrid instances: {len(cell_tasks)} walks, per SLO cell taichi given the cell")
+    map_runs.collect(cell_tasks, map_walks.run_walks(cell_tasks, workers(cfg)), out, runs_out,
+                     arrays)
   if "slo_headroom" in s.hybrid:
     cell_tasks = map_hybrid.headroom_tasks(cfg, s, out, combos)
     _log(f"slo_headroom: {len(cell_tasks)} walks, per (model, hardware, mix, SLO cell) one "
@@ -253,10 +263,12 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
     rows += [map_output.cell_row(model, hw, mix, c) for c in cs]
     blocks.append(((model, hw, mix), cs))
   hybrid = any(row.get("path") for row in run_rows)
+  inst = any(row["run"] == "hybrid" and not row.get("path") for row in run_rows)
   map_output.write_csv(os.path.join(workdir, "map.csv"), rows,
-                       map_output.COLUMNS + (map_output.HYBRID_COLUMNS if hybrid else []))
-  map_output.write_csv(os.path.join(workdir, "runs.csv"), run_rows,
-                       map_output.RUN_COLUMNS + (map_output.HYBRID_RUN_COLUMNS if hybrid else []))
+                       map_output.COLUMNS + (map_output.HYBRID_COLUMNS if hybrid else [])
+                       + (map_output.INSTANCE_COLUMNS if inst else []))
+  map_output.write_csv(os.path.join(workdir, "runs.csv"), run_rows, map_output.RUN_COLUMNS
+                       + (map_output.HYBRID_RUN_COLUMNS if hybrid or inst else []))
   np.savez_compressed(os.path.join(workdir, "runs.npz"), **arrays)
   header = [f"# Where disaggregation wins: {cfg.plan.chip_budget} chips, "
             f"{100 * target:.0f}% SLO attainment", "", *ran,
@@ -269,14 +281,9 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
             "highest whose run fits plan.max_requests_per_run), so its number is a lower bound "
             "(map.csv `unsaturated` names the kinds): not a win, a tie or a ratio"]
   if hybrid:
-    sc = cfg.scheduler
-    header.append(
-        "- hybrid (not in the winner): disaggregated splits whose decode instances may prefill "
-        f"locally; isl_bounding (length_threshold {sc.length_threshold}, isl_ratio "
-        f"{sc.get('isl_ratio', 0.7):g}) walked on every split, slo_headroom per SLO cell on "
-        "the cell's best disaggregated split and the one with the fewest prefill chips, its "
-        "steps = its per-chip goodput against the best of every other kind, in rate lattice "
-        f"steps of x{s.lattice.factor:.3g}")
+    header.append(map_output.hybrid_header(cfg, s.lattice.factor))
+  if inst:
+    header.append(map_output.instances_header(cfg, s.lattice.factor))
   titled = [(f"{m} on {h}, {x}", cs, [f"{x} {lengths[x]}"]) for (m, h, x), cs in blocks]
   map_output.write_markdown(os.path.join(workdir, "map.md"), header, titled,
                             s.ttft_grid, s.tpot_grid)
@@ -290,6 +297,7 @@ def run_map(cfg, workdir: str, command: str = "") -> str:
   out = [*(line[2:] for line in ran)]
   for (m, h, x), cs in blocks:
     out.append(f"{m} {h} {x}: {map_output.summary_lines(cs)}")
-    if (line := map_output.hybrid_line(cs)) is not None:
-      out.append(f"{m} {h} {x}: {line}")
+    for line in (map_output.hybrid_line(cs), map_output.instances_line(cs)):
+      if line is not None:
+        out.append(f"{m} {h} {x}: {line}")
   return "\n".join(out)

@@ -21,6 +21,8 @@ COLUMNS = ["model", "hardware", "mix", "ttft_s", "tpot_s",
            "disagg_over_aggregated", "unsaturated"]
 HYBRID_COLUMNS = ["isl_bounding_per_chip", "isl_bounding_placement", "slo_headroom_per_chip",
                   "slo_headroom_placement", "slo_headroom_steps"]     # with plan.map_hybrid
+INSTANCE_COLUMNS = ["hybrid_per_chip", "hybrid_placement", "hybrid_over_fixed", "hybrid_steps",
+                    "best_kinds"]          # with plan.map_hybrid=instances
 HYBRID_RUN_COLUMNS = ["path", "cell_ttft_s", "cell_tpot_s"]
 RUN_COLUMNS = ["model", "hardware", "mix", "run", "placement", "chips", "rate_rps",
                "rate_per_chip", "requests", "attainment_loosest", "wall_s"]
@@ -53,7 +55,75 @@ def cell_row(model: str, hardware: str, mix: str, c: Cell) -> dict:
       row[f"{kind}_placement"] = c.best[kind][1]
   if c.steps is not None:
     row["slo_headroom_steps"] = fmt_steps(c.steps)
+  if c.hybrid_steps is not None:
+    per_chip, desc = c.best["hybrid"]
+    row.update(hybrid_per_chip=round(per_chip, 4), hybrid_placement=desc,
+               hybrid_over_fixed=fmt_ratio(over_fixed(c)), hybrid_steps=fmt_steps(c.hybrid_steps),
+               best_kinds=c.best_kinds)
   return row
+
+
+def over_fixed(c: Cell) -> float:
+  """Hybrid instances' best per-chip goodput / the best fixed kind's (nan: unsaturated, or
+  neither meets the cell)."""
+  h, f = c.best["hybrid"][0], max(c.best[k][0] for k in KINDS)
+  if (c.hybrid_steps is not None and math.isnan(c.hybrid_steps)) or h == f == 0:
+    return math.nan
+  return math.inf if f == 0 else h / f
+
+
+def hybrid_header(cfg, factor: float) -> str:
+  """map.md's line on the hybrid splits (plan.map_hybrid=isl_bounding,slo_headroom)."""
+  sc = cfg.scheduler
+  return ("- hybrid (not in the winner): disaggregated splits whose decode instances may "
+          f"prefill locally; isl_bounding (length_threshold {sc.length_threshold}, isl_ratio "
+          f"{sc.get('isl_ratio', 0.7):g}) walked on every split, slo_headroom per SLO cell on "
+          "the cell's best disaggregated split and the one with the fewest prefill chips, its "
+          "steps = its per-chip goodput against the best of every other kind, in rate lattice "
+          f"steps of x{factor:.3g}")
+
+
+def instances_header(cfg, factor: float) -> str:
+  """map.md's line on the hybrid instances (plan.map_hybrid=instances)."""
+  from pdjax.planning.map_instances import chunk_pairs
+  pairs = ", ".join(f"{p}/{d}" for p, d in chunk_pairs(max(cfg.scheduler.prefill_buckets)))
+  return ("- hybrid instances (plan.map_hybrid=instances; not in the winner, in best_kinds): "
+          "mode=hybrid, P-heavy + D-heavy instances on every disaggregated split's chips, "
+          f"chunk budgets (P-heavy/D-heavy) {pairs} on each, scheduler.path=taichi given "
+          f"slo.ttft_s={cfg.slo.ttft_s:g} s / slo.tpot_s={cfg.slo.tpot_s * 1e3:g} ms, then per "
+          "SLO cell the cell's best given that cell; steps = its per-chip goodput against the "
+          f"best fixed kind, in rate lattice steps of x{factor:.3g}")
+
+
+def instances_line(cells: Sequence[Cell]) -> str | None:
+  """How hybrid instances compare with the best fixed kind over a block's cells (None where
+  they did not run)."""
+  ran = [c for c in cells if c.hybrid_steps is not None]
+  if not ran:
+    return None
+  judged = [c for c in ran if not math.isnan(c.hybrid_steps)]
+  text = "hybrid instances vs the best of colocated, chunked, disaggregated (rate lattice steps): "
+  if judged:
+    within = sum(c.hybrid_steps >= -1 for c in judged)
+    ahead = [c for c in judged if c.hybrid_steps >= 1]
+    behind = [c for c in judged if c.hybrid_steps < -1]
+    text += (f"within one step in {within}/{len(judged)} cells, ahead by >= 1 step in "
+             f"{len(ahead)} ({100 * len(ahead) / len(judged):.0f}%)")
+    if ahead:
+      top = max(ahead, key=over_fixed)
+      r = fmt_ratio(over_fixed(top))
+      text += (f", by up to {'inf (only it meets)' if r == 'inf' else r + 'x'} at TTFT "
+               f"{top.ttft_s:g} s / TPOT {top.tpot_s * 1e3:g} ms")
+    if behind:
+      worst = min(behind, key=lambda c: (c.hybrid_steps, c.ttft_s, c.tpot_s))
+      text += (f"; behind by more than one in {len(behind)} (worst "
+               f"{fmt_steps(worst.hybrid_steps)} at TTFT {worst.ttft_s:g} s / TPOT "
+               f"{worst.tpot_s * 1e3:g} ms)")
+  else:
+    text += "no cell judged"
+  if len(judged) < len(ran):
+    text += f"; {UNSATURATED} {len(ran) - len(judged)}"
+  return text
 
 
 def fmt_steps(steps: float) -> str:
@@ -88,14 +158,15 @@ def hybrid_line(cells: Sequence[Cell]) -> str | None:
   return text
 
 
-def steps_diagram(cells: Sequence[Cell], ttft_grid, tpot_grid) -> list[str]:
-  """A markdown table as text_diagram's: slo_headroom - the best other kind, in steps."""
+def steps_diagram(cells: Sequence[Cell], ttft_grid, tpot_grid, attr: str = "steps") -> list[str]:
+  """A markdown table as text_diagram's: slo_headroom - the best other kind (attr "steps") or
+  hybrid instances - the best fixed kind ("hybrid_steps"), in steps."""
   by = {(c.ttft_s, c.tpot_s): c for c in cells}
   lines = ["| TPOT \\ TTFT | " + " | ".join(f"{t:g} s" for t in ttft_grid) + " |",
            "|---|" + "---|" * len(ttft_grid)]
   for p in sorted(tpot_grid, reverse=True):
     lines.append(f"| {p * 1e3:g} ms | " + " | ".join(
-        _steps_entry(by[(float(t), float(p))].steps) for t in ttft_grid) + " |")
+        _steps_entry(getattr(by[(float(t), float(p))], attr)) for t in ttft_grid) + " |")
   return lines
 
 
@@ -150,6 +221,8 @@ def write_markdown(path: str, header: Sequence[str],
               *text_diagram(cs, ttft_grid, tpot_grid)]
     if (line := hybrid_line(cs)) is not None:
       lines += ["", line, "", *steps_diagram(cs, ttft_grid, tpot_grid)]
+    if (line := instances_line(cs)) is not None:
+      lines += ["", line, "", *steps_diagram(cs, ttft_grid, tpot_grid, "hybrid_steps")]
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
 

@@ -26,7 +26,7 @@ def collect(tasks: list, results: list, out: dict, runs_out: list, arrays: dict)
              "requests": len(run.record.ttft),
              "attainment_loosest": round(run.record.attainment(*task.slo_cells[-1]), 4),
              "wall_s": run.wall_s}
-      if pl.path:
+      if pl.path or cell:    # (hybrid instances: their stage-2 runs' cells)
         row.update(path=pl.path, cell_ttft_s=cell[0] if cell else "",
                    cell_tpot_s=cell[1] if cell else "")
       runs_out.append(row)

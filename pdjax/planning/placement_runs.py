@@ -43,15 +43,19 @@ def placement_config(cfg, mcfg, p: Placement, rate: float,
     return None
   new = cfg.copy_and_resolve_references()
   new.backend, new.mode, new.progress = "sim", p.mode, False
-  if p.run == "hybrid":
-    new.scheduler.path = p.path
+  if p.run == "hybrid":   # (hybrid instances: taichi, with the config's SLO unless a map
+    new.scheduler.path = p.path or "taichi"   # cell sets it: map_instances)
   if p.run == "chunked":
     new.mode = "colocated"
     new.scheduler.colocated_policy = "chunked_prefill"
   for role, n, tp in p.tiers:
     new.cluster[role].instances, new.cluster[role].tp = n, tp
-  if p.mode == "disaggregated":   # the unused tier must still validate
+  for role, budget in zip(("p_heavy", "d_heavy"), p.chunks):
+    new.cluster[role].chunk_budget = budget
+  if p.mode in ("disaggregated", "hybrid"):   # the unused tiers must still validate
     new.cluster.colocated.tp = p.tiers[0][2]
+    if p.mode == "hybrid":
+      new.cluster.prefill.tp, new.cluster.decode.tp = p.tiers[0][2], p.tiers[1][2]
   else:
     new.cluster.prefill.tp = new.cluster.decode.tp = p.tiers[0][2]
   for role in ("prefill", "decode", "colocated"):   # as many hosts as its chips need

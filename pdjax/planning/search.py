@@ -27,20 +27,26 @@ class Placement:
   run: str                                 # colocated | chunked | disaggregated | hybrid
   tiers: tuple[tuple[str, int, int], ...]  # (role, instances, tp)
   path: str = ""     # hybrid: the per-request path policy (isl_bounding | slo_headroom)
+  chunks: tuple = ()  # hybrid instances (mode=hybrid): (P-heavy, D-heavy) chunk budgets
 
   @property
   def mode(self) -> str:
-    """The serving run it is (a hybrid placement is a disaggregated run whose path policy
-    may prefill on the decode instance)."""
-    return "disaggregated" if self.run == "hybrid" else self.run
+    """The serving run it is: a hybrid placement with chunk budgets is mode=hybrid (tiers
+    p_heavy and d_heavy); one with a path is a disaggregated run whose path policy may
+    prefill on the decode instance."""
+    if self.run == "hybrid":
+      return "hybrid" if self.chunks else "disaggregated"
+    return self.run
 
   @property
   def chips(self) -> int:
     return sum(n * tp for _, n, tp in self.tiers)
 
   def describe(self) -> str:
-    text = " + ".join(f"{n}x{role[0].upper()}(tp{tp})" if self.mode == "disaggregated"
+    text = " + ".join(f"{n}x{role[0].upper()}(tp{tp})" if self.run in ("disaggregated", "hybrid")
                       else f"{n}xTP{tp}" for role, n, tp in self.tiers)
+    if self.chunks:
+      text += f" chunks {self.chunks[0]}/{self.chunks[1]}"
     return f"{text} {self.path}" if self.path else text
 
 

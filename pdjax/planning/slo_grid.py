@@ -32,6 +32,13 @@ beside the three kinds but do not enter `winner` (the map's question stays disag
 aggregated); `steps` compares slo_headroom with the best of the other four kinds in rate
 lattice steps. slo_headroom's path choices read the SLO, so its runs belong to one cell each
 (a run entry's `cell`); every other kind's runs answer every cell.
+
+The kind `hybrid` (plan.map_hybrid=instances: TaiChi-style instances that both prefill and
+decode, mode=hybrid, map_instances.py) competes with the three fixed kinds on its own columns:
+`hybrid_steps` (its best against the best fixed kind, in lattice steps; nan where either is a
+lower bound) and `best_kinds` (the kinds, hybrid included, reaching the cell's best rate). It
+leaves `winner` as it is (disaggregated vs aggregated). Its runs answer every cell (taichi
+steered by the config's SLO) or, per cell, that cell only (taichi steered by the cell's SLO).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import numpy as np
 
 KINDS = ("colocated", "chunked", "disaggregated")
 HYBRID = ("isl_bounding", "slo_headroom")
+INSTANCES = "hybrid"       # plan.map_hybrid=instances: mode=hybrid placements (taichi)
 STABLE_GROWTH = 1.5
 STABLE_FLOOR_S = {"ttft": 0.02, "tpot": 0.002}
 MIN_STABLE_CHECK = 150     # fewer requests: thirds too small to tell a trend from length noise
@@ -117,6 +125,19 @@ class Cell:
                                # +inf: only slo_headroom meets; -inf: only another kind does;
                                # nan: either is a lower bound)
   unsaturated: tuple = ()      # kinds whose best here is a lower bound (bounded() False)
+  hybrid_steps: float | None = None   # hybrid instances - best fixed kind, in lattice steps
+                                      # (None: not run; inf / -inf / nan as `steps`)
+  best_kinds: str = ""         # with hybrid instances: the kinds at the cell's best rate
+                               # (";"-joined), none, or unsaturated
+
+
+def best_of(best: dict, lower: set, kinds) -> str:
+  """The kinds (of `kinds`) reaching the best per-chip goodput, ";"-joined: "none" when none
+  meets the cell, "unsaturated" when any of them is a lower bound there."""
+  if any(k in lower for k in kinds):
+    return "unsaturated"
+  top = max(best[k][0] for k in kinds)
+  return ";".join(k for k in kinds if best[k][0] == top) if top > 0 else "none"
 
 
 def winner_of(per_chip: dict[str, float]) -> tuple[str, float]:
@@ -152,7 +173,7 @@ def cells(runs: list[tuple], ttft_grid, tpot_grid, target: float,
   (kind, placement description, chips, records[, cell]); the first placement of a kind wins a
   tie. A run with a cell (ttft_s, tpot_s) answers that cell only. factor: the rate lattice's,
   for Cell.steps where slo_headroom ran."""
-  kinds = [*KINDS, *(k for k in HYBRID if any(r[0] == k for r in runs))]
+  kinds = [*KINDS, *(k for k in (*HYBRID, INSTANCES) if any(r[0] == k for r in runs))]
   out = []
   for ttft_s in ttft_grid:
     for tpot_s in tpot_grid:
@@ -176,5 +197,11 @@ def cells(runs: list[tuple], ttft_grid, tpot_grid, target: float,
         other = max(v for k, (v, _) in best.items() if k != "slo_headroom")
         steps = (math.nan if lower else      # a lower bound on either side: steps unknown
                  lattice_steps(best["slo_headroom"][0], other, factor))
-      out.append(Cell(float(ttft_s), float(tpot_s), best, winner, ratio, steps, unsaturated))
+      here = Cell(float(ttft_s), float(tpot_s), best, winner, ratio, steps, unsaturated)
+      if INSTANCES in best and factor:
+        fixed = max(best[k][0] for k in KINDS)
+        here.hybrid_steps = (math.nan if any(k in lower for k in (*KINDS, INSTANCES)) else
+                             lattice_steps(best[INSTANCES][0], fixed, factor))
+        here.best_kinds = best_of(best, lower, (*KINDS, INSTANCES))
+      out.append(here)
   return out
