@@ -37,9 +37,12 @@ def _requests(arrivals=ARRIVALS):
 
 
 def _raylets() -> set[str]:
-  """Pids of the Ray daemons running on this machine (raylet, gcs_server)."""
+  """Pids of the Ray daemons running on this machine (raylet, gcs_server); under pytest-xdist
+  only those under this worker's RAY_TMPDIR (tests/conftest.py), not another worker's."""
+  own = os.environ.get("RAY_TMPDIR", "")
   return {pid for pid in os.listdir("/proc") if pid.isdigit()
-          and any(d in _cmdline(pid).split(" ")[0] for d in ("/raylet", "/gcs_server"))}
+          and any(d in _cmdline(pid).split(" ")[0] for d in ("/raylet", "/gcs_server"))
+          and own in _cmdline(pid)}
 
 
 def _cmdline(pid: str) -> str:
