@@ -28,7 +28,8 @@ from pdjax.planning.search import Placement
 from pdjax.planning.slo_grid import INSTANCES, cells
 
 P_CHUNKS = (512, 1024, 2048)   # P-heavy chunk budgets (tokens per step)
-D_CHUNKS = (32, 64, 128)       # D-heavy chunk budgets
+D_CHUNKS = (128, 256, 512)     # D-heavy chunk budgets (smaller starve the decodes a step
+                               #   carries: hybrid_chunked steps carry 16 at most)
 
 
 def chunk_pairs(top: int) -> list[tuple[int, int]]:

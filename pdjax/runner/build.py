@@ -32,7 +32,8 @@ def policies_for(cfg, run: str, opts):
   # a chunked step packs decodes with a chunk (the programs' rows); a whole-prompt step takes
   # at most scheduler.max_prefill_seqs prompts, whatever rows its programs have (mode=compare's
   # colocated run shares the chunked run's programs: build_run)
-  step_seqs = (opts.max_prefill_seqs if names["colocated_policy"] == "chunked_prefill"
+  step_seqs = (opts.max_prefill_seqs
+               if names["colocated_policy"] == "chunked_prefill" or run == "hybrid"
                else sc.max_prefill_seqs)
   params = dict(token_budget=max(opts.prefill_buckets), chunk_budget=sc.chunk_budget,
                 max_prefill_seqs=step_seqs, length_threshold=sc.length_threshold,

@@ -23,10 +23,10 @@ def rec(rate, ttft, tpot):
 
 
 def test_chunk_pairs_are_a_star_capped_by_the_largest_bucket():
-  assert map_instances.chunk_pairs(8192) == [(512, 64), (1024, 64), (2048, 64), (1024, 32),
-                                             (1024, 128)]
-  assert map_instances.chunk_pairs(1024) == [(512, 64), (1024, 64), (1024, 32), (1024, 128)]
-  assert map_instances.chunk_pairs(512) == [(512, 64), (512, 32), (512, 128)]
+  assert map_instances.chunk_pairs(8192) == [(512, 256), (1024, 256), (2048, 256), (1024, 128),
+                                             (1024, 512)]
+  assert map_instances.chunk_pairs(1024) == [(512, 256), (1024, 256), (1024, 128), (1024, 512)]
+  assert map_instances.chunk_pairs(512) == [(512, 256), (512, 128), (512, 512)]
 
 
 def test_candidates_are_the_splits_times_the_pairs_on_one_host():
@@ -34,8 +34,8 @@ def test_candidates_are_the_splits_times_the_pairs_on_one_host():
             Placement("disaggregated", (("prefill", 1, 8), ("decode", 2, 4)))]
   got = map_instances.placements(splits, 1024, lambda tp: tp <= 4)
   assert [p.describe() for p in got] == [
-      "1xP(tp4) + 1xD(tp4) chunks 512/64", "1xP(tp4) + 1xD(tp4) chunks 1024/64",
-      "1xP(tp4) + 1xD(tp4) chunks 1024/32", "1xP(tp4) + 1xD(tp4) chunks 1024/128"]
+      "1xP(tp4) + 1xD(tp4) chunks 512/256", "1xP(tp4) + 1xD(tp4) chunks 1024/256",
+      "1xP(tp4) + 1xD(tp4) chunks 1024/128", "1xP(tp4) + 1xD(tp4) chunks 1024/512"]
   assert {(p.run, p.mode, p.chips, p.path) for p in got} == {("hybrid", "hybrid", 8, "")}
 
 
@@ -128,7 +128,7 @@ def test_tiny_instances_map(tmp_path):
     rows = list(reader)
   assert reader.fieldnames[-6:] == ["unsaturated", "hybrid_per_chip", "hybrid_placement",
                                     "hybrid_over_fixed", "hybrid_steps", "best_kinds"]
-  hyb = "1xP(tp1) + 1xD(tp1) chunks 512/64"
+  hyb = "1xP(tp1) + 1xD(tp1) chunks 512/256"
   assert [(r["ttft_s"], r["tpot_s"], r["winner"], r["unsaturated"], r["hybrid_per_chip"],
            r["hybrid_placement"], r["hybrid_over_fixed"], r["hybrid_steps"], r["best_kinds"])
           for r in rows] == [
@@ -141,15 +141,13 @@ def test_tiny_instances_map(tmp_path):
   with open(tmp_path / "runs.csv") as f:
     runs = [r for r in csv.DictReader(f) if r["run"] == "hybrid"]
   assert sorted({(r["placement"], r["cell_ttft_s"], r["cell_tpot_s"]) for r in runs}) == [
-      ("1xP(tp1) + 1xD(tp1) chunks 512/128", "", ""),
-      ("1xP(tp1) + 1xD(tp1) chunks 512/32", "", ""),
-      ("1xP(tp1) + 1xD(tp1) chunks 512/64", "", ""),
+      ("1xP(tp1) + 1xD(tp1) chunks 512/128", "", ""), (hyb, "", ""),
       (hyb, "0.0004", "0.00022"), (hyb, "0.0004", "0.01"), (hyb, "0.01", "0.00022"),
-      (hyb, "0.01", "0.01")]
+      (hyb, "0.01", "0.01"), ("1xP(tp1) + 1xD(tp1) chunks 512/512", "", "")]
   md = (tmp_path / "map.md").read_text()
   assert ("\n- hybrid instances (plan.map_hybrid=instances; not in the winner, in best_kinds): "
           "mode=hybrid, P-heavy + D-heavy instances on every disaggregated split's chips, chunk "
-          "budgets (P-heavy/D-heavy) 512/64, 512/32, 512/128 on each, scheduler.path=taichi "
+          "budgets (P-heavy/D-heavy) 512/256, 512/128, 512/512 on each, scheduler.path=taichi "
           "given slo.ttft_s=0.3 s / slo.tpot_s=5 ms, then per SLO cell the cell's best given "
           "that cell; steps = its per-chip goodput against the best fixed kind, in rate lattice "
           "steps of x4\n") in md

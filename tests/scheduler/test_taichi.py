@@ -115,3 +115,29 @@ def test_unmeasured_stays_local():
   assert choice == PathChoice("colocated", "prefill")
   assert (choice.reason["why"], choice.reason["local"], choice.reason["remote"]) == (
       "unmeasured: local", None, None)
+
+
+def test_within_the_slos_it_goes_where_the_headroom_is_larger():
+  """P-heavy has 300 prompt tokens waiting: this one's first token at 0.01 + 0.4 = 0.41 s
+  (headroom min((0.9 - 0.41) / 1, (0.09 - 0.03) / 0.1) = 0.49), within the SLOs; the idle
+  D-heavy pick gives it at 0.12 s (headroom 0.6): it prefills and decodes there, so the D-heavy
+  instances' chips serve requests too (before, everything not at risk stayed on P-heavy and a
+  1P + 1D split of 70B sharegpt sustained half chunked 2xTP4's rate)."""
+  choice = _choose(_Worker("prefill-0", "prefill", [_req(9, 300, 1)]),
+                   _Worker("decode-0", "decode"))
+  assert choice == PathChoice("colocated", "decode")
+  assert (choice.reason["why"], choice.reason["local"], choice.reason["d_local"]) == (
+      "within the SLOs: more headroom on the d_heavy pick",
+      {"ttft_s": 0.41, "tpot_s": 0.03, "cost_s": 0.11, "headroom": 0.49}, D_LOCAL)
+
+
+def test_a_chunked_step_carries_the_running_decodes():
+  """Two requests of 50 prompt tokens decode on D-heavy: each step there carries their two
+  decode rows (one token each of the 64-token budget: 62 prompt tokens, then 38) and their
+  decode step, 0.02 + 0.0001 x 100 = 0.03 s: (0.072 + 0.03) + (0.048 + 0.03) = 0.18 s to the
+  first token (without the rows: 0.12). TPOT: a step with it, 0.02 + 0.0001 x 200 = 0.04."""
+  dw = _Worker("decode-0", "decode")
+  dw.running = [_req(5, 50, 8), _req(6, 50, 8)]
+  choice = _choose(_Worker("prefill-0", "prefill"), dw)
+  assert choice.reason["d_local"]["ttft_s"] == 0.18
+  assert choice.reason["d_local"]["tpot_s"] == 0.04

@@ -148,21 +148,28 @@ def host_wait_s(worker, host: list, now: float) -> float:
 
 
 def modelled_prefill_s(cost, worker, tokens: int, token_budget: int, now: float,
-                       wait_s: float = 0.0) -> float:
+                       wait_s: float = 0.0, mixed_rows: int = 0) -> float:
   """Seconds from `now` for worker to finish its steps in flight (`step_ends_s`) and wait
   wait_s (`host_wait_s`), then prefill what waits there and `tokens`, FCFS in steps of at
-  most token_budget tokens, each step's time from the cost model."""
+  most token_budget tokens, each step's time from the cost model. mixed_rows > 0: each step
+  also carries up to that many of the worker's running decodes, one token each out of the
+  budget, timed by the cost model's decode step (chunked prefill beside decodes: the hybrid
+  instances' steps); 0: steps of prompts alone."""
   total = max([e - now for e in worker.step_ends_s()] + [wait_s, 0.0])
+  contexts = [r.prompt_len + len(r.output_ids) for r in worker.running][:max(mixed_rows, 0)]
+  rows = min(len(contexts), token_budget - 1)
+  ride_s = cost.decode_s(contexts[:rows]) if rows else 0.0
+  per_step = token_budget - rows
   step, used = [], 0
   for n in [r.prefill_len - r.num_computed_tokens for r in worker.waiting] + [tokens]:
     while n > 0:
-      take = min(n, token_budget - used)
+      take = min(n, per_step - used)
       step.append((take, 0))
       used, n = used + take, n - take
-      if used == token_budget:
-        total += cost.prefill_s(step)
+      if used == per_step:
+        total += cost.prefill_s(step) + ride_s
         step, used = [], 0
-  return total + (cost.prefill_s(step) if step else 0.0)
+  return total + (cost.prefill_s(step) + ride_s if step else 0.0)
 
 
 def interval_s(step_s: float, worker) -> float:
@@ -190,7 +197,8 @@ def modelled_transfer_s(cost, dst, req, shared_salt: str = "") -> float:
 
 
 def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int,
-                   shared_salt: str = "", host: list = ()) -> PathPrediction | None:
+                   shared_salt: str = "", host: list = (),
+                   mixed_rows: int = 0) -> PathPrediction | None:
   """Prefill on pw, KV to dw, decode there. None while pw's prefill rate or dw's decode step
   is unmeasured (an unmeasured transfer counts 0 until one lands), unless the instances carry
   a cost model (then `host`: every worker of the run, for `host_wait_s`)."""
@@ -198,7 +206,7 @@ def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int,
   pcost, dcost = step_cost(pw), step_cost(dw)
   if pcost is not None and dcost is not None:
     ttft = modelled_prefill_s(pcost, pw, tokens, token_budget, req.arrival_s,
-                              host_wait_s(pw, host, req.arrival_s))
+                              host_wait_s(pw, host, req.arrival_s), mixed_rows)
     transfer = modelled_transfer_s(dcost, dw, req, shared_salt)
     tpot = modelled_step_s(dcost, dw, req) + transfer / max(req.sampling.max_new_tokens - 1, 1)
     cost = pcost.prefill_s([(tokens, 0)]) + transfer
@@ -214,14 +222,15 @@ def predict_remote(req, pw, dw, slo: tuple[float, float], token_budget: int,
 
 
 def predict_local(req, dw, prefill_tier: list, slo: tuple[float, float], token_budget: int,
-                  shared_salt: str = "", host: list = ()) -> PathPrediction | None:
+                  shared_salt: str = "", host: list = (),
+                  mixed_rows: int = 0) -> PathPrediction | None:
   """Prefill on the decode worker dw, chunked into its batch, and decode there. Without a
   prefill rate of its own, the prefill tier's per-step rate (scaled by TP) plus a decode step
   per prefill step stands in. None while nothing gives a rate or dw's decode step."""
   tokens, cost = uncached_tokens(dw, req, shared_salt), step_cost(dw)
   if cost is not None:
     ttft = modelled_prefill_s(cost, dw, tokens, token_budget, req.arrival_s,
-                              host_wait_s(dw, host, req.arrival_s))
+                              host_wait_s(dw, host, req.arrival_s), mixed_rows)
     tpot = modelled_step_s(cost, dw, req)
     stall = cost.prefill_s([(tokens, 0)])
     return _local(ttft, tpot, stall * (1 + dw.num_running()), batch_tpot_s(dw, tpot, stall),

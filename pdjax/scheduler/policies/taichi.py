@@ -10,12 +10,19 @@ budget (`tier_budgets`):
   remote   prefill on the P-heavy pick, KV to the D-heavy pick, decode there
   d_local  prefill on the D-heavy pick and decode there
 
+A step there carries up to max_prefill_seqs - 1 of the instance's running decodes beside the
+prompt chunk (hybrid_chunked), so each predicted step pays their decode step and gives them a
+token of its budget (`mixed_rows`).
+
 A request whose TTFT is at risk (local's predicted TTFT over 0.9 x the TTFT SLO) goes where
 its first token comes soonest: d_local when it beats the P-heavy pick. One whose TPOT is at
 risk (local's TPOT, or the worst TPOT of the batch its prefill joins, over 0.9 x the TPOT SLO)
-decodes where steps are shortest: remote when its TPOT beats local's. Otherwise, and while
-local cannot be predicted (rates not measured yet), it stays local. Each request's
-`path_reason` holds the three predictions, the two risks and why.
+decodes where steps are shortest: remote when its TPOT beats local's. Otherwise it runs
+wholly on the pick with more SLO headroom: d_local when its headroom beats local's (so the
+D-heavy chips serve too: with every such request kept local, a 1P + 1D split of Llama-3-70B
+on sharegpt sustained half chunked 2xTP4's rate), else local; while local cannot be predicted
+(rates not measured yet), local. Each request's `path_reason` holds the three predictions,
+the two risks and why.
 """
 
 from pdjax.scheduler.policies.base import PathChoice, PathPolicy
@@ -33,13 +40,15 @@ def _worst_tpot(p) -> float:
 
 class TaiChi(PathPolicy):
   """Hybrid instances: a request at TTFT risk starts soonest, at TPOT risk decodes on the
-  shortest steps, else stays on its P-heavy instance."""
+  shortest steps, else runs where the SLO headroom is larger."""
 
   uses_picks = True
 
   def __init__(self, slo_ttft_s: float = 1.0, slo_tpot_s: float = 0.1, token_budget: int = 512,
-               shared_salt: str = "", tier_budgets: dict | None = None, **_):
+               shared_salt: str = "", tier_budgets: dict | None = None,
+               max_prefill_seqs: int = 17, **_):
     self.slo, self.shared_salt = (slo_ttft_s, slo_tpot_s), shared_salt
+    self.rows = max(max_prefill_seqs - 1, 0)   # decodes a chunked step carries (hybrid_chunked)
     budgets = tier_budgets or {}
     self.p_budget = budgets.get("prefill", token_budget)   # tokens per prompt step, per tier
     self.d_budget = budgets.get("decode", token_budget)
@@ -53,15 +62,19 @@ class TaiChi(PathPolicy):
           "why": "no instance to pick in a tier"})
     host = [*prefill_tier, *decode_tier]
     local = predict_local(req, pw, prefill_tier, self.slo, self.p_budget, self.shared_salt,
-                          host)
-    remote = predict_remote(req, pw, dw, self.slo, self.p_budget, self.shared_salt, host)
+                          host, self.rows)
+    remote = predict_remote(req, pw, dw, self.slo, self.p_budget, self.shared_salt, host,
+                            self.rows)
     d_local = predict_local(req, dw, prefill_tier, self.slo, self.d_budget, self.shared_salt,
-                            host)
+                            host, self.rows)
     ttft_risk = local is not None and local.ttft_s > MARGIN * self.slo[0]
     tpot_risk = local is not None and _worst_tpot(local) > MARGIN * self.slo[1]
     choice, why = LOCAL, "within the SLOs: local"
     if local is None:
       why = "unmeasured: local"
+    elif (not ttft_risk and not tpot_risk and d_local is not None
+          and d_local.headroom > local.headroom):
+      choice, why = D_LOCAL, "within the SLOs: more headroom on the d_heavy pick"
     elif ttft_risk and d_local is not None and d_local.ttft_s < local.ttft_s:
       choice, why = D_LOCAL, "ttft at risk: first token soonest on the d_heavy pick"
     elif tpot_risk and remote is not None and remote.tpot_s < _worst_tpot(local):
