@@ -156,7 +156,8 @@ def modelled_prefill_s(cost, worker, tokens: int, token_budget: int, now: float,
   budget, timed by the cost model's decode step (chunked prefill beside decodes: the hybrid
   instances' steps); 0: steps of prompts alone."""
   total = max([e - now for e in worker.step_ends_s()] + [wait_s, 0.0])
-  contexts = [r.prompt_len + len(r.output_ids) for r in worker.running][:max(mixed_rows, 0)]
+  contexts = ([r.prompt_len + len(r.output_ids) for r in worker.running][:mixed_rows]
+              if mixed_rows > 0 else [])
   rows = min(len(contexts), token_budget - 1)
   ride_s = cost.decode_s(contexts[:rows]) if rows else 0.0
   per_step = token_budget - rows
