@@ -12,8 +12,8 @@ import sys
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 
-# Under pytest-xdist (the README's `pytest -n 2 --dist loadfile`) each worker gets a Ray temp folder
-# of its own: `ray.init()` with no address joins the cluster recorded in the temp folder's
+# Under pytest-xdist (the README's `pytest -n 2 --dist loadfile`) each worker gets a Ray temp
+# folder of its own: `ray.init()` with no address joins the cluster recorded in the temp folder's
 # address file, so two workers sharing /tmp/ray would run their actors on one cluster and the
 # first to finish would shut it down under the other.
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -28,8 +28,8 @@ from pdjax.planning.search import Placement
 from pdjax.planning.slo_grid import INSTANCES, cells
 
 P_CHUNKS = (512, 1024, 2048)   # P-heavy chunk budgets (tokens per step)
-D_CHUNKS = (128, 256, 512)     # D-heavy chunk budgets (smaller starve the decodes a step
-                               #   carries: hybrid_chunked steps carry 16 at most)
+D_CHUNKS = (128, 256, 512)     # D-heavy chunk budgets (smaller ones starve the decode batch:
+                               #   a chunked step carries max_prefill_seqs - 1 decodes at most)
 
 
 def chunk_pairs(top: int) -> list[tuple[int, int]]:

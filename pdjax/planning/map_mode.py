@@ -107,8 +107,8 @@ def settings(cfg) -> MapSettings:
   if p.map_tp_count < 1 or p.map_max_disagg < 0:
     raise ConfigError(f"plan.map_tp_count={p.map_tp_count} (>= 1) and plan.map_max_disagg="
                       f"{p.map_max_disagg} (>= 0) required")
-  hybrid = [v.strip() for v in str(p.get("map_hybrid", "")).split(",")
-            if v.strip() and str(p.get("map_hybrid")).strip() != "off"]   # off: as ""
+  raw = str(p.get("map_hybrid", "")).strip()
+  hybrid = [] if raw == "off" else [v.strip() for v in raw.split(",") if v.strip()]
   for name in hybrid:
     if name not in HYBRID and name != "instances":
       raise ConfigError(f"plan.map_hybrid: unknown path policy {name!r} (known: "

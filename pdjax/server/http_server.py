@@ -32,9 +32,9 @@ DRAIN_TAIL_S = 5.0
 
 
 def run_name(cfg) -> str:
-  """The run served: colocated, chunked, disaggregated or hybrid (mode=compare or
-  compare_all, the shipped configs' default is compare, serves the disaggregated engine: one
-  server runs one mode)."""
+  """The run served: colocated, chunked or disaggregated. mode=compare (the shipped configs'
+  default) and compare_all serve the disaggregated engine: one server runs one mode
+  (pdjax.serve refuses mode=hybrid)."""
   if cfg.mode == "colocated" and cfg.scheduler.colocated_policy == "chunked_prefill":
     return "chunked"
   return "disaggregated" if cfg.mode in ("compare", "compare_all") else cfg.mode

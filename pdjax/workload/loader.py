@@ -30,12 +30,12 @@ LOGNORMAL_KEYS = ("lognormal_prompt_mean", "lognormal_output_mean", "lognormal_s
                   "lognormal_max_prompt_len", "lognormal_max_output_len")
 
 
-
 # Arrivals stay where a float64 clock resolves microseconds: 10M requests at MIN_RATE span
 # 1e11 s (resolution 15 us). At workload.rate=1e-300 the clock stood still (1e300 + 60 ==
 # 1e300): every KV lease expired at once and no disaggregated request finished.
 MIN_RATE = 1e-4
 MAX_TIME_SCALE = 1e6
+
 
 def default_workload_config() -> ml_collections.ConfigDict:
   """Every workload key with its default."""
