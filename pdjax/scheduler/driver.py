@@ -237,7 +237,7 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
         collected, turn_now = self._fast_forward(arrivals, segments)
         fast_forwarded += collected
       inflight = [w for w in self.workers if w.inflight is not None]
-      wake = self._wake_s()
+      wake = self._wake_with_arrivals(arrivals)
       for w in () if turn_now else self._wait_any(inflight, wake):
         self._collect(w)
       self.steps.flush_if_full()     # (records buffered as rows: into their columns)
@@ -290,6 +290,16 @@ class Driver(Admission, Steps, Streams, Collect, FastForward, DecodeSegments, Tr
                          if self.transfer_errors else {})}, fast_forwarded, self.tally, self.segment_steps,
                      self.remesh_events, self.instances_used,
                      self.kv_audit.sink if self.kv_audit is not None else [])
+
+  def _wake_with_arrivals(self, arrivals: deque) -> float | None:
+    """When the wait for steps in flight must end: an event or lease expiry (_wake_s), or the
+    next arrival (admitted then, and started at once on an idle instance, not when another
+    instance's step ends). Every due arrival was admitted this turn unless a re-mesh holds
+    them (then they wait for its rejoin, an event of its own)."""
+    wake = self._wake_s()
+    if not arrivals or self._holds_arrivals():
+      return wake
+    return arrivals[0].arrival_s if wake is None else min(wake, arrivals[0].arrival_s)
 
   def _take_inbox(self, inbox, arrivals: deque) -> None:
     """New requests join the arrivals (stamped by their submitter), cancellations apply, calls

@@ -233,7 +233,7 @@ def test_tiny_map_matches_the_planners_attainment(tmp_path):
   # its number is a lower bound and the cell is unsaturated (it read "tie" 1.00 before).
   assert [(r["colocated_per_chip"], r["chunked_per_chip"], r["disaggregated_per_chip"],
            r["winner"], r["disagg_over_aggregated"], r["unsaturated"]) for r in rows] == [
-      ("0.0", "0.0", "0.0", "none", "", ""),
+      ("0.0", "0.0", "400.0", "disaggregated", "inf", ""),
       ("1600.0", "0.0", "1600.0", "unsaturated", "", "colocated;disaggregated"),
       ("0.0", "1600.0", "1600.0", "unsaturated", "", "chunked;disaggregated"),
       ("1600.0", "1600.0", "1600.0", "unsaturated", "", "colocated;chunked;disaggregated")]

@@ -113,11 +113,12 @@ CELLS = [(0.0004, 0.00022), (0.0004, 0.01), (0.01, 0.00022), (0.01, 0.01)]
 def test_tiny_hybrid_map(tmp_path):
   cfg = _tiny_hybrid_config()
   summary = map_mode.run_map(cfg, str(tmp_path))
-  # Every kind meets every cell it meets at 1600 req/s/chip, the lattice's top: lower bounds,
-  # so no cell's steps are judged (they read +0 / inf, cap against cap, before issue 47).
+  # Every kind meets the three loose cells at 1600 req/s/chip, the lattice's top: lower
+  # bounds, so their steps are not judged (they read +0 / inf, cap against cap, before issue
+  # 47); the tightest cell saturates (400 req/s/chip at best) and is judged.
   assert ("tiny tpu_v5e config: slo_headroom vs the best of colocated, chunked, disaggregated, "
-          "isl_bounding (rate lattice steps): no cell judged; unsaturated (not judged: a lower "
-          "bound) 4") in summary.splitlines()
+          "isl_bounding (rate lattice steps): within one step in 1/1 cells, ahead by >= 1 step "
+          "in 0 (0%); unsaturated (not judged: a lower bound) 3") in summary.splitlines()
   with open(tmp_path / "map.csv") as f:
     reader = csv.DictReader(f)
     rows = list(reader)
@@ -146,16 +147,16 @@ def test_tiny_hybrid_map(tmp_path):
     if r["rate_per_chip"] == "1600.0":
       paths[cell] = collections.Counter(q.path for q in result.requests)
   assert paths == {(0.0004, 0.00022): {"disaggregated": 29, "colocated": 1},
-                   (0.0004, 0.01): {"disaggregated": 22, "colocated": 8},
+                   (0.0004, 0.01): {"disaggregated": 23, "colocated": 7},
                    (0.01, 0.00022): {"disaggregated": 29, "colocated": 1},
-                   (0.01, 0.01): {"disaggregated": 28, "colocated": 2}}
+                   (0.01, 0.01): {"disaggregated": 21, "colocated": 9}}
   assert [(r["isl_bounding_per_chip"], r["slo_headroom_per_chip"], r["slo_headroom_steps"])
-          for r in rows] == [("0.0", "1600.0", "unsaturated"), ("1600.0", "1600.0", "unsaturated"),
+          for r in rows] == [("400.0", "400.0", "+0"), ("1600.0", "1600.0", "unsaturated"),
                              ("1600.0", "1600.0", "unsaturated"),
                              ("1600.0", "1600.0", "unsaturated")]
   md = (tmp_path / "map.md").read_text()
   assert "\n- hybrid (not in the winner): disaggregated splits whose decode instances" in md
-  assert "\n| 10 ms | U | U |\n| 0.22 ms | U | U |\n" in md
+  assert "\n| 10 ms | U | U |\n| 0.22 ms | +0 | U |\n" in md
   again = tmp_path / "again"
   cfg.plan.map_runs = str(tmp_path)
   map_mode.run_map(cfg, str(again))

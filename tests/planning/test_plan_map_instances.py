@@ -121,7 +121,7 @@ def test_tiny_instances_map(tmp_path):
   summary = map_mode.run_map(cfg, str(tmp_path))
   assert ("tiny tpu_v5e config: hybrid instances vs the best of colocated, chunked, "
           "disaggregated (rate lattice steps): within one step in 2/2 cells, ahead by >= 1 step "
-          "in 1 (50%), by up to inf (only it meets) at TTFT 0.0004 s / TPOT 0.22 ms; "
+          "in 1 (50%), by up to 4.00x at TTFT 0.0004 s / TPOT 0.22 ms; "
           "unsaturated (not judged: a lower bound) 2") in summary.splitlines()
   with open(tmp_path / "map.csv") as f:
     reader = csv.DictReader(f)
@@ -132,8 +132,9 @@ def test_tiny_instances_map(tmp_path):
   assert [(r["ttft_s"], r["tpot_s"], r["winner"], r["unsaturated"], r["hybrid_per_chip"],
            r["hybrid_placement"], r["hybrid_over_fixed"], r["hybrid_steps"], r["best_kinds"])
           for r in rows] == [
-      ("0.0004", "0.00022", "none", "", "1600.0", hyb, "inf", "inf", "hybrid"),
-      ("0.0004", "0.01", "colocated", "", "1600.0", hyb, "0.25", "-1", "colocated"),
+      ("0.0004", "0.00022", "disaggregated", "", "1600.0", hyb, "4.00", "+1", "hybrid"),
+      ("0.0004", "0.01", "tie", "", "1600.0", hyb, "1.00", "+0",
+       "colocated;disaggregated;hybrid"),
       ("0.01", "0.00022", "unsaturated", "chunked;hybrid", "25600.0", hyb, "", "unsaturated",
        "unsaturated"),
       ("0.01", "0.01", "unsaturated", "colocated;chunked;disaggregated;hybrid", "25600.0", hyb,
@@ -151,7 +152,7 @@ def test_tiny_instances_map(tmp_path):
           "given slo.ttft_s=0.3 s / slo.tpot_s=5 ms, then per SLO cell the cell's best given "
           "that cell; steps = its per-chip goodput against the best fixed kind, in rate lattice "
           "steps of x4\n") in md
-  assert "\n| 10 ms | -1 | U |\n| 0.22 ms | inf | U |\n" in md
+  assert "\n| 10 ms | +0 | U |\n| 0.22 ms | +1 | U |\n" in md
   again = tmp_path / "again"
   cfg.plan.map_runs = str(tmp_path)
   map_mode.run_map(cfg, str(again))
