@@ -24,7 +24,7 @@ from pdjax.server.engine_api import SWITCH_INTERVAL_S
 # memory freed in an arena stays with it: with the HTTP loop, the driver, the parsing threads
 # and XLA's pools, resident memory crept up ~35 MiB over the first few thousand requests
 # before it levelled off (benchmarks/server_soak.py); two arenas keep it flat (set in both
-# processes).
+# processes: mallopt here, the environment for the engine process).
 MALLOC_ARENA_MAX = 2
 # After the grace period: how long the cancelled requests' last events and the responses' last
 # bytes may take before uvicorn cancels what is left.
@@ -41,14 +41,17 @@ def run_name(cfg) -> str:
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENA_MAX) -> bool:
-  """mallopt(M_ARENA_MAX, arenas) on glibc, before the server's threads exist (the
-  environment's MALLOC_ARENA_MAX, when set, wins). False where there is no glibc."""
+  """mallopt(M_ARENA_MAX, arenas) on glibc, before the server's threads exist, and
+  MALLOC_ARENA_MAX=arenas in the environment, which the engine process (spawned: a fresh glibc
+  that reads it at its start) inherits (the environment's MALLOC_ARENA_MAX, when set, wins).
+  False where there is no glibc."""
   if "MALLOC_ARENA_MAX" in os.environ:
     return False
   try:
     libc = ctypes.CDLL("libc.so.6")
   except OSError:   # not glibc (macOS, musl): its allocator, its rules
     return False
+  os.environ["MALLOC_ARENA_MAX"] = str(arenas)
   return bool(libc.mallopt(M_ARENA_MAX, arenas))
 
 

@@ -4,6 +4,7 @@ transient (429) or about capacity (503). Fake instances, no model."""
 
 import contextlib
 import json
+import os
 import time
 
 import pytest
@@ -246,3 +247,14 @@ def test_compare_all_serves_the_disaggregated_engine_and_hybrid_is_refused_in_on
   assert proc.stderr.strip().splitlines()[-1] == (
       "config error: mode='hybrid' is not served yet (pdjax.run runs it); serve colocated, "
       "chunked or disaggregated")
+
+
+def test_the_arena_cap_reaches_the_engine_process_by_the_environment(monkeypatch):
+  """mallopt caps the HTTP process's arenas; the engine process is spawned (a fresh glibc), so
+  the cap must be in the environment it inherits. A value the user set wins, untouched."""
+  from pdjax.server.http_server import limit_malloc_arenas
+  monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+  assert limit_malloc_arenas() is True
+  assert os.environ["MALLOC_ARENA_MAX"] == "2"
+  monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+  assert limit_malloc_arenas() is False and os.environ["MALLOC_ARENA_MAX"] == "4"

@@ -41,6 +41,11 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in f.read().split()]
 
 
+def _environ(pid: int) -> dict[str, str]:
+  with open(f"/proc/{pid}/environ", "rb") as f:
+    return dict(item.decode().split("=", 1) for item in f.read().split(b"\0") if b"=" in item)
+
+
 def _rss_bytes(pid: int) -> int:
   """The server's resident memory: the HTTP process and its children (the engine-core process,
   which holds the driver and the engine since issue 45)."""
@@ -102,6 +107,12 @@ def test_resident_memory_stays_flat_over_3000_requests(tmp_path, variant):
   prefixes = [[rng.randrange(1, 256) for _ in range(24)] for _ in range(40)] if variant != \
       "plain" else []
   try:
+    # both processes cap glibc's arenas (the engine process by the environment it inherits):
+    # with the default 8 per core, this run grew ~20 MB on a loaded machine (CI: +22.8 MB)
+    assert "MALLOC_ARENA_MAX" not in os.environ
+    # (its children: the engine process and multiprocessing's resource tracker)
+    capped = [_environ(c).get("MALLOC_ARENA_MAX") for c in _children(proc.pid)]
+    assert capped and set(capped) == {"2"}, capped
     rss, failed = asyncio.run(_closed_loop(url, proc.pid, prefixes))
   finally:
     proc.send_signal(signal.SIGINT)
