@@ -144,10 +144,11 @@ def test_the_other_nodes_store_killed_mid_reload_loses_that_tier_only(tmp_path, 
 
 @pytest.mark.slow
 def test_a_tenant_flush_empties_both_nodes_stores(tmp_path, two_nodes, monkeypatch):
-  """Tenant a flushed at 3.5 s, when node 0's store holds X's pages and node 1's r1's: both
+  """Tenant a flushed at 4.5 s, when node 0's store holds X's pages and node 1's r1's: both
   stores are empty right after the run (before they are cleared for the next), the audit has
-  the flush's line for each pool and each node's tier, and r4 (X again, at 4 s, on node 0)
-  finds X on neither node."""
+  the flush's line for each pool and each node's tier, and r4 (X again, at 5 s, on node 0)
+  finds X on neither node. (The flush comes 1.5 s after r3, which must find X before it: a
+  driver held up by a loaded machine still meets them in that order.)"""
   import ray
 
   from pdjax.distributed.launcher import RayCluster
@@ -155,13 +156,13 @@ def test_a_tenant_flush_empties_both_nodes_stores(tmp_path, two_nodes, monkeypat
   clear = RayCluster.clear_store
   monkeypatch.setattr(RayCluster, "clear_store", lambda self: (held.extend(
       ray.get([self._stores[n].held.remote() for n in sorted(self._stores)])), clear(self)))
-  rows = remote_rows() + [dict(remote_rows()[3], arrival_s=4.0)]
+  rows = remote_rows() + [dict(remote_rows()[3], arrival_s=5.0)]
   path = tmp_path / "flush.jsonl"
   write_trace(path, rows)
   cfg = sim_snapshots._config(remote_overrides(path, **{
       "backend": "jax", "cluster.launcher": "ray", "cluster.transfer_host": "node",
       "scheduler.latency_profile": config_lib.DEFAULT_PROFILE, "workload.num_requests": 5,
-      "kv.flush_tenants": "a@3.5"}))
+      "kv.flush_tenants": "a@4.5"}))
   on, r_on, insts = _serve(cfg, "colocated", two_nodes)
   assert [r.cached_tokens for r in r_on.requests] == [0, 0, 0, 48, 0]
   assert r_on.requests[4].prefill_instance == "colocated-0"
